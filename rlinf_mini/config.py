@@ -1,0 +1,507 @@
+"""The run's configuration: tyro dataclasses that mirror RLinf's YAML schema, section by section.
+
+    cfg = load_config(["--config", "configs/embodied.yaml", "--actor.optim.lr", "1e-3"])
+
+Precedence: dataclass defaults < YAML file < command line. The YAML is read strictly (an unknown key or a wrong type
+is a `ConfigError` naming the key path and the file); tyro then applies command-line overrides on top, so `--help`
+documents every key from the docstrings below. `check_batch_arithmetic` rejects batch sizes that cannot be split over
+the ranks, before any worker starts. Keys are RLinf's where RLinf has the concept (see shared/reference/rlinf-map.md,
+section 11); the few of ours are marked "rlinf_mini:".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import math
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message is one line naming the file and the key path."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The schema
+
+
+@dataclass
+class ClusterConfig:
+    num_nodes: int = 1
+    """Number of machines. Only 1 is supported by the local (torch.multiprocessing) backend."""
+    num_devices: int = 2
+    """rlinf_mini: number of virtual CPU devices when no CUDA GPU is visible (each gets a share of the CPU cores).
+    With GPUs, the visible GPUs are the devices and this key is ignored."""
+    component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
+    """Component(s) -> devices, in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes' ('0-1:0-3' = 4 processes
+    on 2 devices). A key may name several components ('env,rollout,actor')."""
+    timeout_s: float = 120.0
+    """rlinf_mini: the longest any blocking wait (a group call, a channel get) may take before it is an error."""
+
+
+@dataclass
+class LoggerConfig:
+    log_path: str = "results"
+    """Folder under which each run writes <experiment_name>/ (metrics, resolved config, checkpoints)."""
+    project_name: str = "rlinf_mini"
+    """Project name (kept for parity with RLinf's loggers)."""
+    experiment_name: str = "default"
+    """Run folder name under log_path."""
+    logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Extra metric sinks: 'tensorboard'. A metrics.jsonl file and the console are always written."""
+
+
+@dataclass
+class RunnerConfig:
+    task_type: Literal["embodied"] = "embodied"
+    """Kind of run; only 'embodied' exists so far."""
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Where and how metrics are written."""
+    max_epochs: int = 100
+    """Training steps to run (RLinf: one step per 'epoch')."""
+    max_steps: int = -1
+    """Caps max_epochs when >= 0."""
+    val_check_interval: int = 10
+    """Evaluate every N steps (and at the end); -1 disables evaluation."""
+    val_before_train: bool = True
+    """rlinf_mini: also evaluate once before the first step (step 0)."""
+    save_interval: int = -1
+    """Write a checkpoint every N steps (and at the end); -1 disables checkpoints."""
+    resume_dir: str | None = None
+    """A checkpoints/global_step_N folder to resume from, or 'auto' for the latest complete one of this run."""
+    weight_sync_interval: int = 1
+    """Copy the actor's weights to the rollout every N steps."""
+    progress_bar: bool = True
+    """rlinf_mini: show a tqdm progress bar on the console."""
+    log_interval: int = 1
+    """rlinf_mini: print a one-line summary every N steps."""
+
+    @property
+    def num_steps(self) -> int:
+        return self.max_epochs if self.max_steps < 0 else min(self.max_epochs, self.max_steps)
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_type: Literal["gae", "grpo", "reinpp"] = "gae"
+    """Advantage estimator: 'gae' (needs a value head), 'grpo' (group-normalized episode returns), 'reinpp'
+    (Reinforce++: discounted returns, normalized over the batch)."""
+    loss_type: Literal["actor_critic", "actor"] = "actor_critic"
+    """'actor_critic' = PPO policy loss + clipped value loss; 'actor' = policy loss only (GRPO, Reinforce++)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    group_size: int = 1
+    """GRPO group size: this many consecutive envs share each reset state (must equal env.train.group_size)."""
+    normalize_advantages: bool = True
+    """Normalize advantages to mean 0, std 1 over the whole global batch (GAE)."""
+    use_reinpp_baseline: bool = False
+    """Reinforce++: subtract the group mean of episode scores before normalizing."""
+    update_epoch: int = 4
+    """Passes over the rollout batch per training step."""
+    clip_ratio_low: float = 0.2
+    """PPO: ratio is clipped below at 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """PPO: ratio is clipped above at 1 + clip_ratio_high."""
+    clip_ratio_c: float = 3.0
+    """Dual clip (> 1): for negative advantages the loss is capped at -A * clip_ratio_c."""
+    value_clip: float = 0.2
+    """Clipped value loss: new values may move at most this far from the rollout's values."""
+    value_loss_coef: float = 0.5
+    """rlinf_mini: weight of the value loss in the total loss."""
+    entropy_bonus: float = 0.0
+    """Weight of the entropy term subtracted from the loss."""
+
+
+@dataclass
+class InitParams:
+    id: str = "FakeReach-v0"
+    """Environment id: 'FakeReach-v0' for the fake env, or any gymnasium id (e.g. 'CartPole-v1')."""
+    dim: int = 2
+    """rlinf_mini, fake env: dimension of the reach space (obs = [position, goal], action in R^dim)."""
+    goal_radius: float = 0.15
+    """rlinf_mini, fake env: the episode succeeds when the position is this close to the goal."""
+
+
+@dataclass
+class EnvSplitConfig:
+    env_type: Literal["fake", "gymnasium"] = "fake"
+    """'fake' (rlinf_mini's CPU env) or 'gymnasium' (any installed gymnasium id in init_params.id)."""
+    total_num_envs: int = 16
+    """Sub-envs across all env ranks and pipeline stages."""
+    auto_reset: bool = True
+    """Reset a sub-env as soon as its episode ends (otherwise it stays done until the next rollout epoch)."""
+    seed: int = 0
+    """Seed of the env's reset states."""
+    group_size: int = 1
+    """Consecutive sub-envs that share one reset state (GRPO groups)."""
+    use_fixed_reset_state_ids: bool = False
+    """Draw the same reset states at every reset round (use for eval, to compare steps on the same episodes)."""
+    max_steps_per_rollout_epoch: int = 32
+    """Env steps per rollout epoch (a multiple of actor.model.num_action_chunks)."""
+    max_episode_steps: int = 32
+    """Truncate episodes after this many env steps."""
+    rollout_epoch: int = 1
+    """Rollout epochs per training step; their trajectories are concatenated along the env axis."""
+    step_latency_s: float = 0.0
+    """rlinf_mini: sleep this long per env step, to emulate a slow simulator (RLinf's InsertDelay wrapper)."""
+    init_params: InitParams = field(default_factory=InitParams)
+    """Parameters for constructing the env."""
+
+
+@dataclass
+class EnvConfig:
+    group_name: str = "EnvGroup"
+    """Worker group name."""
+    train: EnvSplitConfig = field(default_factory=EnvSplitConfig)
+    """Envs used to collect training rollouts."""
+    eval: EnvSplitConfig = field(
+        default_factory=lambda: EnvSplitConfig(auto_reset=False, seed=10_000, use_fixed_reset_state_ids=True)
+    )
+    """Envs used for evaluation (one episode per sub-env, deterministic actions)."""
+
+
+@dataclass
+class ModelConfig:
+    model_type: Literal["mlp_policy"] = "mlp_policy"
+    """Policy architecture."""
+    model_path: str = ""
+    """A saved model folder (config.json + model.safetensors) to start from; '' builds a fresh model from this config."""
+    obs_dim: int = 0
+    """Observation size; 0 takes it from the env."""
+    action_dim: int = 0
+    """Action size (Box: its dimension; Discrete: the number of choices); 0 takes it from the env."""
+    num_action_chunks: int = 1
+    """Actions predicted per inference and executed open-loop by the env."""
+    hidden_dim: int = 64
+    """Width of the MLP's hidden layers."""
+    add_value_head: bool = True
+    """Add a value head (needed by adv_type 'gae')."""
+    precision: str = "32"
+    """Parameter precision; only '32' on CPU."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Learning rate of the policy parameters."""
+    value_lr: float = 3e-4
+    """Learning rate of the value head."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.999
+    """Adam beta2."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    clip_grad: float = 0.5
+    """Clip the global gradient norm to this value (<= 0 disables)."""
+
+
+@dataclass
+class TokenizerConfig:
+    tokenizer_model: str = ""
+    """A tokenizer folder, for language-conditioned models ('' for state policies)."""
+
+
+@dataclass
+class ActorConfig:
+    group_name: str = "ActorGroup"
+    """Worker group name."""
+    global_batch_size: int = 256
+    """Samples (chunk steps) per optimizer step, summed over actor ranks."""
+    micro_batch_size: int = 256
+    """Samples per forward/backward on one rank; gradients accumulate over global / (micro x ranks) micro-batches."""
+    seed: int = 1234
+    """Seed of the model's initialization and the minibatch shuffle."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """The tokenizer (language-conditioned models only)."""
+
+
+@dataclass
+class RolloutModelConfig:
+    model_path: str = ""
+    """Model folder the rollout starts from ('' = the actor's initial weights, sent by the first sync)."""
+    precision: str = "32"
+    """Inference precision; only '32' on CPU."""
+
+
+@dataclass
+class RolloutConfig:
+    group_name: str = "RolloutGroup"
+    """Worker group name."""
+    pipeline_stage_num: int = 1
+    """Split each env rank's envs into this many stages: the env steps stage k while the rollout infers stage k+1."""
+    model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
+    """The rollout's copy of the policy."""
+
+
+@dataclass
+class TrainConfig:
+    """rlinf_mini: RLinf's programming model in plain PyTorch. Every key can be set in the YAML given by --config and
+    overridden on the command line."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Devices and where each component runs."""
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    """The training loop."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages and losses."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environments."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The rollout (inference) workers."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """The actor (training) workers."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reading YAML strictly
+
+
+def _convert(tp: Any, value: Any, path: str, source: str) -> Any:
+    """Check `value` against the type annotation `tp` and convert it; raise ConfigError naming `path` otherwise."""
+    origin = typing.get_origin(tp)
+    where = f"{source}: {path}"
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of keys, got {value!r}")
+        return _dataclass_from_dict(tp, value, path, source)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, path, source)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_convert(item, v, f"{path}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        # component_placement values may be YAML ints (`actor: 0`); keys and values are kept as strings.
+        return {str(k): _convert(str, v if not isinstance(v, int) or isinstance(v, bool) else str(v), f"{path}.{k}", source)
+                for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"config.py cannot read type {tp!r} at {path}")  # a schema bug, not a user error
+
+
+def _dataclass_from_dict(cls: type, data: dict, path: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            close = [n for n in fields if n.startswith(str(key)[:3])]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{source}: {key_path}: unknown key{hint}")
+        kwargs[key] = _convert(hints[key], value, key_path, source)
+    return cls(**kwargs)
+
+
+def config_from_yaml(file: str | Path) -> TrainConfig:
+    """Read a YAML file into a TrainConfig; keys absent from the file keep their defaults."""
+    file = Path(file)
+    if not file.is_file():
+        raise ConfigError(f"{file}: config file not found")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{file}: YAML syntax error{at}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return _dataclass_from_dict(TrainConfig, data, "", str(file))
+
+
+def config_to_dict(cfg: TrainConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: TrainConfig, file: str | Path) -> None:
+    """Write the resolved config as YAML; `config_from_yaml(file) == cfg`."""
+    Path(file).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Command line: --config FILE, then tyro overrides
+
+
+def _one_line_tyro_error(text: str) -> str:
+    """tyro prints a framed, multi-line message; keep the line that says what is wrong."""
+    lines = [ln.strip(" │╭╮╰╯─-") .strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(("For full helptext", "Argument helptext", "Perhaps"))]
+    return lines[1] if len(lines) > 1 else (lines[0] if lines else "invalid command line")
+
+
+def load_config(argv: list[str] | None = None) -> TrainConfig:
+    """Parse `[--config FILE] [--section.key VALUE ...]` into a validated TrainConfig.
+
+    Raises ConfigError (one line, naming the key and the file) on bad input; `--help` prints every key and exits.
+    """
+    import tyro  # imported here so that reading YAML alone (tests, tutorials) stays light
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    source, default = "defaults", TrainConfig()
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise ConfigError("command line: --config needs a file")
+        source = argv[i + 1]
+        default = config_from_yaml(source)
+        del argv[i : i + 2]
+    if "-h" in argv or "--help" in argv:
+        tyro.cli(TrainConfig, default=default, args=argv, prog="python -m rlinf_mini.train [--config FILE]")
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+            cfg = tyro.cli(TrainConfig, default=default, args=argv)
+    except SystemExit:
+        raise ConfigError(f"command line: {_one_line_tyro_error(captured.getvalue())}") from None
+    validate_config(cfg, "command line" if argv else source)
+    return cfg
+
+
+def validate_config(cfg: TrainConfig, source: str) -> None:
+    """Checks that need no knowledge of the devices: signs, sizes, and arithmetic within one section."""
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{source}: {key}: {msg}")
+
+    positive = {
+        "cluster.num_nodes": cfg.cluster.num_nodes,
+        "cluster.num_devices": cfg.cluster.num_devices,
+        "runner.max_epochs": cfg.runner.max_epochs,
+        "runner.weight_sync_interval": cfg.runner.weight_sync_interval,
+        "runner.log_interval": cfg.runner.log_interval,
+        "algorithm.group_size": cfg.algorithm.group_size,
+        "algorithm.update_epoch": cfg.algorithm.update_epoch,
+        "rollout.pipeline_stage_num": cfg.rollout.pipeline_stage_num,
+        "actor.global_batch_size": cfg.actor.global_batch_size,
+        "actor.micro_batch_size": cfg.actor.micro_batch_size,
+        "actor.model.num_action_chunks": cfg.actor.model.num_action_chunks,
+        "actor.model.hidden_dim": cfg.actor.model.hidden_dim,
+        "cluster.timeout_s": cfg.cluster.timeout_s,
+    }
+    for split in ("train", "eval"):
+        e: EnvSplitConfig = getattr(cfg.env, split)
+        positive |= {
+            f"env.{split}.total_num_envs": e.total_num_envs,
+            f"env.{split}.group_size": e.group_size,
+            f"env.{split}.max_steps_per_rollout_epoch": e.max_steps_per_rollout_epoch,
+            f"env.{split}.max_episode_steps": e.max_episode_steps,
+            f"env.{split}.rollout_epoch": e.rollout_epoch,
+        }
+        if e.step_latency_s < 0:
+            fail(f"env.{split}.step_latency_s", f"must be >= 0, got {e.step_latency_s}")
+        chunks = cfg.actor.model.num_action_chunks
+        if e.max_steps_per_rollout_epoch % chunks:
+            fail(f"env.{split}.max_steps_per_rollout_epoch",
+                 f"{e.max_steps_per_rollout_epoch} is not a multiple of actor.model.num_action_chunks={chunks}")
+        if e.env_type == "fake" and e.init_params.id != "FakeReach-v0":
+            fail(f"env.{split}.init_params.id", f"unknown fake env id {e.init_params.id!r} (known: 'FakeReach-v0')")
+    for key, value in positive.items():
+        if value <= 0:
+            fail(key, f"must be positive, got {value}")
+    if cfg.cluster.num_nodes != 1:
+        fail("cluster.num_nodes", f"the local backend runs on one machine, got {cfg.cluster.num_nodes}")
+    if cfg.env.train.group_size != cfg.algorithm.group_size:
+        fail("env.train.group_size", f"{cfg.env.train.group_size} != algorithm.group_size={cfg.algorithm.group_size}")
+    if cfg.algorithm.adv_type == "gae" and not cfg.actor.model.add_value_head:
+        fail("actor.model.add_value_head", "adv_type 'gae' needs a value head")
+    if cfg.algorithm.loss_type == "actor_critic" and not cfg.actor.model.add_value_head:
+        fail("algorithm.loss_type", "'actor_critic' needs actor.model.add_value_head: true")
+    if cfg.algorithm.clip_ratio_c <= 1.0:
+        fail("algorithm.clip_ratio_c", f"the dual clip must be > 1, got {cfg.algorithm.clip_ratio_c}")
+    if not 0 <= cfg.algorithm.gamma <= 1:
+        fail("algorithm.gamma", f"must be in [0, 1], got {cfg.algorithm.gamma}")
+    if not 0 <= cfg.algorithm.gae_lambda <= 1:
+        fail("algorithm.gae_lambda", f"must be in [0, 1], got {cfg.algorithm.gae_lambda}")
+    for key in ("actor.model.model_path", "rollout.model.model_path"):
+        path = cfg.actor.model.model_path if key.startswith("actor") else cfg.rollout.model.model_path
+        if path and not (Path(path) / "config.json").is_file():
+            fail(key, f"{path!r} is not a model folder (no config.json there)")
+    if cfg.runner.resume_dir not in (None, "auto") and not Path(cfg.runner.resume_dir).is_dir():
+        fail("runner.resume_dir", f"{cfg.runner.resume_dir!r} does not exist")
+    for backend in cfg.runner.logger.logger_backends:
+        if backend not in ("tensorboard",):
+            fail("runner.logger.logger_backends", f"unknown backend {backend!r} (known: 'tensorboard')")
+    if not cfg.cluster.component_placement:
+        fail("cluster.component_placement", "is empty")
+
+
+def check_batch_arithmetic(cfg: TrainConfig, env_world_size: int, rollout_world_size: int,
+                           actor_world_size: int, source: str) -> None:
+    """The divisibility rules of RLinf's validate_embodied_cfg, with the numbers that break them in the message."""
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{source}: {key}: {msg}")
+
+    stages = cfg.rollout.pipeline_stage_num
+    for split in ("train", "eval"):
+        e: EnvSplitConfig = getattr(cfg.env, split)
+        unit = env_world_size * stages * e.group_size
+        if e.total_num_envs % unit:
+            fail(f"env.{split}.total_num_envs",
+                 f"{e.total_num_envs} is not divisible by env ranks x pipeline_stage_num x group_size "
+                 f"= {env_world_size} x {stages} x {e.group_size} = {unit}")
+    if env_world_size % rollout_world_size:
+        fail("cluster.component_placement",
+             f"env ranks ({env_world_size}) must be a multiple of rollout ranks ({rollout_world_size})")
+    train = cfg.env.train
+    per_env_rank = train.total_num_envs // env_world_size * train.rollout_epoch
+    pieces = math.lcm(actor_world_size, env_world_size) // env_world_size
+    if per_env_rank % (pieces * train.group_size):
+        fail("env.train.total_num_envs",
+             f"each env rank's {per_env_rank} trajectories cannot be split into {pieces} equal pieces of whole "
+             f"groups of {train.group_size} for {actor_world_size} actor ranks")
+    samples = train.total_num_envs * train.rollout_epoch * (train.max_steps_per_rollout_epoch
+                                                            // cfg.actor.model.num_action_chunks)
+    gbs, mbs = cfg.actor.global_batch_size, cfg.actor.micro_batch_size
+    if gbs % (mbs * actor_world_size):
+        fail("actor.global_batch_size",
+             f"{gbs} is not divisible by micro_batch_size x actor ranks = {mbs} x {actor_world_size}")
+    if samples % gbs:
+        fail("actor.global_batch_size",
+             f"the rollout batch of {samples} samples (total_num_envs x rollout_epoch x chunk steps) "
+             f"is not a multiple of global_batch_size={gbs}")

@@ -1,0 +1,41 @@
+"""Policies, and `build_policy`, which makes one from the `actor.model` config section.
+
+RLinf counterpart: `rlinf/models/__init__.py::get_model` (which also handles LoRA, precision and device placement;
+here the caller moves the model). Only `model_type: mlp_policy` exists.
+"""
+
+from __future__ import annotations
+
+from rlinf_mini.config import ModelConfig
+from rlinf_mini.models.mlp_policy import MLPPolicy
+
+__all__ = ["MLPPolicy", "build_policy"]
+
+
+def build_policy(model_cfg: ModelConfig, obs_dim: int, action_dim: int, discrete: bool) -> MLPPolicy:
+    """Load `model_cfg.model_path` if set, else build a fresh policy; obs_dim/action_dim/discrete come from the env.
+
+    Raises ValueError naming the config key when the model or the config disagrees with the env.
+    """
+    if model_cfg.model_type != "mlp_policy":
+        raise ValueError(f"actor.model.model_type: unknown model type {model_cfg.model_type!r} (known: 'mlp_policy')")
+    for key, value, env_value in (("obs_dim", model_cfg.obs_dim, obs_dim),
+                                  ("action_dim", model_cfg.action_dim, action_dim)):
+        if value not in (0, env_value):  # 0 = "from the env"
+            raise ValueError(f"actor.model.{key}: {value} does not match the env's {env_value}")
+    if model_cfg.model_path:
+        policy = MLPPolicy.from_pretrained(model_cfg.model_path)
+        wanted = {"obs_dim": obs_dim, "action_dim": action_dim, "discrete": discrete,
+                  "num_action_chunks": model_cfg.num_action_chunks}
+        for key, value in wanted.items():
+            if policy.config[key] != value:
+                where = "actor.model.num_action_chunks" if key == "num_action_chunks" else "the env"
+                raise ValueError(f"actor.model.model_path: {model_cfg.model_path!r} has {key}={policy.config[key]}, "
+                                 f"but {where} has {value}")
+        if model_cfg.add_value_head and not policy.config["add_value_head"]:
+            raise ValueError(f"actor.model.model_path: {model_cfg.model_path!r} has no value head, "
+                             "but actor.model.add_value_head is true")
+        return policy
+    return MLPPolicy(obs_dim=obs_dim, action_dim=action_dim, discrete=discrete,
+                     num_action_chunks=model_cfg.num_action_chunks, hidden_dim=model_cfg.hidden_dim,
+                     add_value_head=model_cfg.add_value_head)

@@ -1,0 +1,84 @@
+"""Named shared-memory segments, owned by one run and swept when it ends.
+
+A segment is a file in /dev/shm mapped into every process that opens it by name, so a tensor written there by one
+worker is read by another at memory speed. We use plain files (not `multiprocessing.shared_memory`) because Python
+3.11's resource tracker unlinks segments when *any* attaching process exits, and warns about the rest. Every name
+starts with `rlmini_<run_id>_`, so the driver can remove all of a run's segments at shutdown, after a crash of a
+worker, or at Ctrl-C: `sweep(run_id)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+PREFIX = "rlmini_"
+_counter = itertools.count()
+
+
+def run_id() -> str:
+    """The current run's id: set by the driver (Cluster) in every worker's environment."""
+    return os.environ.get("RLINF_MINI_RUN_ID", f"solo{os.getpid()}")
+
+
+class SharedSegment:
+    """A named block of shared memory, viewed as a uint8 tensor `self.data` of `size` bytes."""
+
+    def __init__(self, name: str, size: int, create: bool):
+        self.name, self.size, self.owner = name, size, create
+        path = SHM_DIR / name
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self._mmap = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)  # the mapping keeps the memory alive
+        self.data = torch.frombuffer(self._mmap, dtype=torch.uint8, count=size)  # [size] bytes
+
+    @classmethod
+    def create(cls, size: int, tag: str = "seg") -> "SharedSegment":
+        return cls(f"{PREFIX}{run_id()}_{tag}_{os.getpid()}_{next(_counter)}", size, create=True)
+
+    @classmethod
+    def attach(cls, name: str, size: int) -> "SharedSegment":
+        return cls(name, size, create=False)
+
+    def view(self, dtype: torch.dtype, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+        """A tensor of `shape` and `dtype` that aliases the segment's bytes from `offset` (a multiple of 64)."""
+        numel = 1
+        for s in shape:
+            numel *= s
+        return torch.frombuffer(self._mmap, dtype=dtype, count=numel, offset=offset).view(shape)
+
+    def close(self) -> None:
+        """Unmap; the owner also removes the name. Views of the segment must not be used afterwards."""
+        self.data = None
+        try:
+            self._mmap.close()
+        except BufferError:  # a live view still exports the buffer; the mapping goes when the process does
+            pass
+        if self.owner:
+            unlink(self.name)
+
+
+def unlink(name: str) -> None:
+    try:
+        os.unlink(SHM_DIR / name)
+    except FileNotFoundError:
+        pass
+
+
+def sweep(run: str) -> int:
+    """Remove every segment of run `run` (after workers died, they cannot remove their own). Returns the count."""
+    names = [p.name for p in SHM_DIR.glob(f"{PREFIX}{run}_*")]
+    for name in names:
+        unlink(name)
+    return len(names)

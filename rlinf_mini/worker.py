@@ -1,0 +1,247 @@
+"""Worker, WorkerGroup and the group future: how the driver runs one method on every rank of a component.
+
+    actor = ActorWorker.create_group(cfg).launch(cluster, placement_strategy=placement.get_strategy("actor"))
+    results = actor.run_training().wait()      # runs on every rank; returns [rank 0 result, rank 1 result, ...]
+    actor.execute_on(0).save_checkpoint(path).wait()   # only rank 0
+
+Each rank is one process (torch.multiprocessing, spawn), started by `Cluster.allocate` with its device pinned before
+torch is imported. The driver talks to a rank through two queues created at spawn: commands in (small pickled tuples:
+call id, method name, arguments) and results out. Data between workers does not go through here: it goes through a
+`Channel` passed as an argument. A call returns a `GroupFuture` at once, so calls on different groups run at the same
+time (`env.interact(...)` and `rollout.generate(...)` together make the rollout pipeline). `.wait()` raises
+`WorkerError` with the group, rank and the worker's traceback if one rank raised, and `WorkerDiedError` if any
+worker of the cluster died, so a crash anywhere ends every wait within a poll interval.
+
+RLinf counterpart: `rlinf/scheduler/worker/worker.py::Worker` and `worker_group.py::WorkerGroup`,
+`WorkerGroupFuncResult`. Left out: Ray, P2P send/recv (Channels do that job here), per-method concurrency. Another
+backend (in-process for debugging, Ray for multi-node) would implement `launch`, `_submit` and `_collect` again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+POLL_S = 0.1  # how often a waiting driver checks that every worker is alive
+
+
+class WorkerError(RuntimeError):
+    """A worker method raised; the message holds group, rank and the worker's traceback."""
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited without being asked to."""
+
+
+class Worker:
+    """Base class of every worker. Subclasses take `cfg` (and optional arguments) and define public methods.
+
+    The runtime sets, before `__init__` runs: `self._rank`, `self._world_size`, `self._group_name` and
+    `self.device` (a torch.device: the process's own GPU as cuda:0, or the CPU).
+    """
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    @classmethod
+    def create_group(cls, cfg: Any, *args: Any) -> "WorkerGroup":
+        return WorkerGroup(cls, cfg, args)
+
+    def log(self, msg: str) -> None:
+        print(f"[{self._group_name}:{self._rank}] {msg}", file=sys.stderr, flush=True)
+
+
+class GroupFuture:
+    """The pending result of one call on some ranks of a group."""
+
+    def __init__(self, group: "WorkerGroup", call_id: int, method: str, ranks: list[int]):
+        self.group, self.call_id, self.method, self.ranks = group, call_id, method, ranks
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Per-rank results, in rank order. Raises WorkerError, WorkerDiedError or TimeoutError."""
+        return self.group._collect(self, self.group.cluster.timeout_s if timeout is None else timeout)
+
+    def done(self) -> bool:
+        self.group._drain()
+        return all(r in self.group._results.get(self.call_id, {}) for r in self.ranks)
+
+
+class WorkerGroup:
+    """All ranks of one component. Public methods of the worker class become group calls (see __getattr__)."""
+
+    def __init__(self, cls: type, cfg: Any, args: tuple):
+        self.cls, self.cfg, self.args = cls, cfg, args
+        self.name = cls.__name__
+        self.procs: list = []
+        self._cmd_queues: list = []
+        self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
+        self._call_ids = itertools.count(1)
+        self._closed = False
+
+    def launch(self, cluster, placement_strategy, name: str | None = None) -> "WorkerGroup":
+        """Start one process per placement rank; returns at once (failures surface at the first wait)."""
+        self.cluster = cluster
+        self.name = name or self.name
+        self.world_size = placement_strategy.world_size
+        ctx = cluster.mp_context
+        self._result_queue = ctx.Queue()
+        for p in placement_strategy.placements:
+            cmd_queue = ctx.Queue()
+            proc = cluster.allocate(self, p, cmd_queue, self._result_queue)
+            self._cmd_queues.append(cmd_queue)
+            self.procs.append(proc)
+        return self
+
+    # Dynamic forwarding, in this one place: `group.run_training(...)` submits `run_training` to every rank.
+    # Only public methods of the worker class are forwarded, so a typo is still an AttributeError.
+    def __getattr__(self, method: str):
+        if method.startswith("_") or not callable(getattr(self.cls, method, None)):
+            raise AttributeError(f"{self.cls.__name__} has no public method {method!r}")
+        return lambda *args, **kwargs: self._submit(method, args, kwargs, list(range(self.world_size)))
+
+    def execute_on(self, *ranks: int) -> "_RankSelection":
+        """Run the next call on these ranks only: `group.execute_on(0).save_checkpoint(path)`."""
+        return _RankSelection(self, list(ranks))
+
+    def _submit(self, method: str, args: tuple, kwargs: dict, ranks: list[int]) -> GroupFuture:
+        if self._closed:
+            raise RuntimeError(f"{self.name} is shut down; cannot call {method}()")
+        call_id = next(self._call_ids)
+        for r in ranks:
+            self._cmd_queues[r].put((call_id, method, args, kwargs))
+        return GroupFuture(self, call_id, method, ranks)
+
+    def _drain(self, block_s: float = 0.0) -> None:
+        """Move every result that has arrived into `_results`; a failed worker construction raises at once."""
+        try:
+            item = self._result_queue.get(timeout=block_s) if block_s else self._result_queue.get_nowait()
+            while True:
+                call_id, rank, ok, value = item
+                if call_id == 0 and not ok:  # the worker's constructor raised; the process is exiting
+                    raise WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
+                self._results.setdefault(call_id, {})[rank] = (ok, value)
+                item = self._result_queue.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _collect(self, fut: GroupFuture, timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self._results.get(fut.call_id, {})
+            for rank in fut.ranks:
+                if rank in got and not got[rank][0]:
+                    raise WorkerError(f"{self.name} rank {rank} raised in {fut.method}():\n{got[rank][1]}")
+            if all(r in got for r in fut.ranks):
+                del self._results[fut.call_id]
+                return [got[r][1] for r in fut.ranks]
+            self.cluster.check_workers()
+            if time.monotonic() > deadline:
+                missing = [r for r in fut.ranks if r not in got]
+                raise TimeoutError(f"{self.name}.{fut.method}() did not return from rank(s) {missing} within "
+                                   f"{timeout:g} s (cluster.timeout_s)")
+            self._drain(block_s=POLL_S)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Ask every rank to stop, then terminate and finally kill whatever is still alive."""
+        if self._closed:
+            return
+        self._closed = True
+        for q in self._cmd_queues:
+            try:
+                q.put(None)
+            except (ValueError, OSError):
+                pass
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        for q in [*self._cmd_queues, self._result_queue]:
+            q.cancel_join_thread()  # never block the driver on a queue whose reader is gone
+            q.close()
+
+
+class _RankSelection:
+    def __init__(self, group: WorkerGroup, ranks: list[int]):
+        self.group, self.ranks = group, ranks
+
+    def __getattr__(self, method: str):
+        getattr(self.group, method)  # same checks as a full-group call
+        return lambda *args, **kwargs: self.group._submit(method, args, kwargs, self.ranks)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inside the worker process
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the driver dies, so that no worker is ever orphaned."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass  # not Linux: the command loop below notices the parent's death instead
+
+
+def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: list[int] | None,
+                cmd_queue, result_queue) -> None:
+    """Entry point of a worker process. The environment (CUDA_VISIBLE_DEVICES, RANK, ...) was set at spawn."""
+    _die_with_parent()
+    parent = os.getppid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the driver, which stops the workers
+    if cores:
+        os.sched_setaffinity(0, cores)
+    rank = int(os.environ["RANK"])
+    try:
+        import importlib
+
+        import torch
+        import torch.multiprocessing  # noqa: F401  (registers tensor sharing for the result queue)
+
+        torch.set_num_threads(max(1, len(cores or [])) if cores else torch.get_num_threads())
+        cls = getattr(importlib.import_module(cls_module), cls_name)
+        worker = cls.__new__(cls)
+        worker._rank, worker._world_size = rank, int(os.environ["WORLD_SIZE"])
+        worker._group_name = os.environ["RLINF_MINI_GROUP"]
+        worker.device = torch.device("cuda:0" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
+        worker.__init__(cfg, *args)
+    except BaseException:
+        result_queue.put((0, rank, False, traceback.format_exc()))
+        result_queue.close()
+        result_queue.join_thread()
+        sys.exit(1)
+
+    from rlinf_mini.channel import close_process_resources
+
+    try:
+        while True:
+            try:
+                msg = cmd_queue.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    break
+                continue
+            if msg is None:
+                break
+            call_id, method, margs, mkwargs = msg
+            try:
+                result = (True, getattr(worker, method)(*margs, **mkwargs))
+            except BaseException:
+                result = (False, traceback.format_exc())
+            result_queue.put((call_id, rank, *result))
+    finally:
+        close_process_resources()
+        result_queue.close()
+        result_queue.join_thread()

@@ -1,0 +1,231 @@
+"""Stage 1 — placement: `cluster.component_placement` strings -> the devices of every rank, and the mode.
+
+    placement = HybridComponentPlacement({"actor": "0-7", "env": "0-3", "rollout": "4-7"}, num_devices=8)
+    placement.get_strategy("rollout").placements[1]   # ProcessPlacement(rank=1, devices=(5,))
+    placement.placement_mode                          # PlacementMode.HYBRID
+    print(placement.describe())                       # device 0: actor[0] env[0] ... / mode: hybrid
+
+Input: the config's `cluster.component_placement` dict (component name(s) -> placement string) and the number of
+devices (the visible GPUs, or `cluster.num_devices` virtual CPU devices). Output: one `PlacementStrategy` per
+component, the device ids of each of its ranks, from which a worker group starts one process per rank; and the
+`PlacementMode` of the whole layout. Standard library only: the driver imports this before any process exists.
+
+Grammar (RLinf's, see the `ComponentPlacement` docstring there):
+
+    key       := name ("," name)*              each name gets its own worker group; they share the devices
+    value     := segment ("," segment)*
+    segment   := devices [":" processes]
+    devices   := "all" | int | int "-" int       ranges are inclusive; "all" is 0..num_devices-1
+    processes := int | int "-" int               contiguous from 0 over all segments
+
+    "all"          one process per device
+    "3"            one process, on device 3
+    "0-3"          4 processes, process p on device p
+    "0,2,4-5"      4 processes, on devices 0, 2, 4 and 5
+    "0-3:0-7"      8 processes, 2 per device: process p on device p // 2
+    "0-3:0-1"      2 processes owning 2 devices each: (0, 1) and (2, 3)
+    "0-1:0-3,2-3"  processes 0-3 on devices 0-1 (2 per device), then processes 4 and 5 on devices 2 and 3
+
+In each segment the numbers of devices and processes must divide one another. Mode: all components on the same
+device set -> COLLOCATED; pairwise disjoint sets -> DISAGGREGATED; anything else -> HYBRID.
+
+RLinf counterparts: `rlinf/scheduler/placement/placement.py::ComponentPlacement` (the parser, `get_strategy`,
+`get_world_size`, `get_hardware_ranks`, `components`, `placement_mode`); `rlinf/utils/placement.py::
+HybridComponentPlacement` and `PlacementMode`; our `PlacementStrategy` is `FlexiblePlacementStrategy`
+(`hardware_ranks_list`: the devices of each process). RLinf's HybridComponentPlacement always reports HYBRID; ours
+classifies the layout, so `env,rollout,actor: all` reads as COLLOCATED.
+
+Left out: node groups (the dict form `{node_group, placement}`, robots, the `node` label), multi-node clusters
+(a device id is a local device), `PlacementMode.AUTO`, and the TP-aware `ModelParallelComponentPlacement`.
+RLinf also demands ascending device ranks across segments; we only reject duplicates.
+
+Next stage: `stages/sync.py`, which moves weights from actor ranks to rollout ranks placed here.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # "3" or "0-3"; no sign, so "-1" is rejected
+
+
+class PlacementError(ValueError):
+    """A bad placement: one line naming the key, 'cluster.component_placement.<key>: ...'."""
+
+
+class PlacementMode(enum.Enum):
+    COLLOCATED = "collocated"  # all components on the same devices; they take turns (offload/reload)
+    DISAGGREGATED = "disaggregated"  # each component on its own devices; they overlap through pipelining
+    HYBRID = "hybrid"  # some share, some do not (e.g. env | rollout pipelined, actor over both)
+
+
+@dataclass(frozen=True)
+class ProcessPlacement:
+    rank: int  # rank of the process within its component's worker group
+    devices: tuple[int, ...]  # device ids it runs on: one, or several when the process owns more than one
+
+
+@dataclass(frozen=True)
+class PlacementStrategy:
+    """RLinf's FlexiblePlacementStrategy: the devices of each rank of one component, in rank order."""
+
+    component: str
+    placements: tuple[ProcessPlacement, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.placements)
+
+    def devices(self) -> set[int]:
+        return {device for placement in self.placements for device in placement.devices}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Parsing one placement string
+
+
+def _parse_range(text: str, what: str, fail: Callable[[str], PlacementError]) -> list[int]:
+    match = _RANGE.fullmatch(text.strip())
+    if match is None:
+        raise fail(f"{what} {text.strip()!r} is not an int or an inclusive range 'a-b'")
+    start = int(match[1])
+    end = start if match[2] is None else int(match[2])
+    if end < start:
+        raise fail(f"{what} {text.strip()!r} ends before it starts")
+    return list(range(start, end + 1))
+
+
+def _parse_placement(key: str, value: str, num_devices: int) -> list[tuple[int, ...]]:
+    """One placement string -> the device ids of each process, indexed by process rank."""
+
+    def fail(problem: str) -> PlacementError:
+        return PlacementError(f"cluster.component_placement.{key}: {problem} (in {value!r})")
+
+    text = str(value).strip()  # an int, if YAML read "0" as one
+    if not text:
+        raise fail("empty placement; expected e.g. 'all', '0', '0-3', '0,2' or '0-3:0-7'")
+    process_devices: list[tuple[int, ...]] = []
+    used: set[int] = set()
+    for segment in text.split(","):
+        device_text, has_processes, process_text = segment.partition(":")
+        if not device_text.strip():
+            raise fail(f"empty segment {segment!r}")
+        if ":" in process_text:
+            raise fail(f"segment {segment.strip()!r} has more than one ':'")
+        if device_text.strip() == "all":
+            devices = list(range(num_devices))
+        else:
+            devices = _parse_range(device_text, "device ranks", fail)
+        for device in devices:
+            if device >= num_devices:
+                raise fail(
+                    f"device {device} is out of range for num_devices={num_devices} "
+                    "(the devices are the visible GPUs, or cluster.num_devices virtual CPU devices)"
+                )
+            if device in used:
+                raise fail(f"device {device} is listed twice")
+            used.add(device)
+
+        first = len(process_devices)  # the next process rank
+        if has_processes:
+            processes = _parse_range(process_text, "process ranks", fail)
+            if processes[0] != first:
+                raise fail(f"process ranks {process_text.strip()!r} must start at {first} (contiguous from 0)")
+        else:
+            processes = list(range(first, first + len(devices)))
+
+        n_devices, n_processes = len(devices), len(processes)
+        if n_devices % n_processes and n_processes % n_devices:
+            raise fail(f"{n_devices} devices and {n_processes} processes: one number must divide the other")
+        if n_processes >= n_devices:  # processes share devices: consecutive ranks on the same device
+            per_device = n_processes // n_devices
+            process_devices += [(devices[i // per_device],) for i in range(n_processes)]
+        else:  # each process owns a consecutive run of devices
+            per_process = n_devices // n_processes
+            process_devices += [tuple(devices[i * per_process : (i + 1) * per_process]) for i in range(n_processes)]
+    return process_devices
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The whole cluster.component_placement section
+
+
+class ComponentPlacement:
+    """Parses every key of `cluster.component_placement`; one PlacementStrategy per component."""
+
+    def __init__(self, component_placement: dict[str, str], num_devices: int):
+        if not component_placement:
+            raise PlacementError("cluster.component_placement: empty; place at least one component")
+        self.num_devices = num_devices
+        self.components: list[str] = []
+        self._strategies: dict[str, PlacementStrategy] = {}
+        for key, value in component_placement.items():
+            names = [name.strip() for name in str(key).split(",")]
+            if "" in names:
+                raise PlacementError(f"cluster.component_placement.{key}: empty component name in key {str(key)!r}")
+            process_devices = _parse_placement(key, value, num_devices)
+            placements = tuple(ProcessPlacement(rank, devices) for rank, devices in enumerate(process_devices))
+            for name in names:
+                if name in self._strategies:
+                    raise PlacementError(
+                        f"cluster.component_placement.{key}: component {name!r} is placed twice "
+                        "(each component may appear under one key only)"
+                    )
+                self._strategies[name] = PlacementStrategy(name, placements)
+                self.components.append(name)
+        self._placement_mode = self._classify()
+
+    def _classify(self) -> PlacementMode:
+        device_sets = [frozenset(strategy.devices()) for strategy in self._strategies.values()]
+        if all(devices == device_sets[0] for devices in device_sets):
+            return PlacementMode.COLLOCATED
+        if sum(map(len, device_sets)) == len(frozenset().union(*device_sets)):  # no device counted twice
+            return PlacementMode.DISAGGREGATED
+        return PlacementMode.HYBRID
+
+    def get_strategy(self, component: str) -> PlacementStrategy:
+        if component not in self._strategies:
+            raise PlacementError(
+                f"cluster.component_placement.{component}: unknown component; known: {', '.join(self.components)}"
+            )
+        return self._strategies[component]
+
+    def get_world_size(self, component: str) -> int:
+        return self.get_strategy(component).world_size
+
+    def get_hardware_ranks(self, component: str) -> list[int]:
+        return sorted(self.get_strategy(component).devices())
+
+    @property
+    def placement_mode(self) -> PlacementMode:
+        return self._placement_mode
+
+    def describe(self) -> str:
+        """One line per device with the ranks on it ('device 0: actor[0] env[0]'), then the mode."""
+        lines = []
+        for device in range(self.num_devices):
+            ranks = [
+                f"{name}[{placement.rank}]"
+                for name in sorted(self.components)
+                for placement in self._strategies[name].placements
+                if device in placement.devices
+            ]
+            lines.append(f"device {device}: {' '.join(ranks) or '(idle)'}")
+        lines.append(f"mode: {self.placement_mode.value}")
+        return "\n".join(lines)
+
+
+class HybridComponentPlacement(ComponentPlacement):
+    """The embodied placement: requires components 'actor', 'rollout' and 'env' (missing one -> PlacementError)."""
+
+    def __init__(self, component_placement: dict[str, str], num_devices: int):
+        super().__init__(component_placement, num_devices)
+        for name in ("actor", "rollout", "env"):
+            if name not in self._strategies:
+                raise PlacementError(
+                    f"cluster.component_placement.{name}: missing; the embodied placement needs actor, rollout "
+                    f"and env (placed: {', '.join(self.components)})"
+                )

@@ -1,0 +1,206 @@
+"""Stage 1: placement strings -> devices per rank, the mode, and one-line errors that name the key."""
+
+import pytest
+
+from stages.placement import (
+    ComponentPlacement,
+    HybridComponentPlacement,
+    PlacementError,
+    PlacementMode,
+    PlacementStrategy,
+    ProcessPlacement,
+)
+
+
+def rank_devices(value: str, num_devices: int = 8) -> list[tuple[int, ...]]:
+    strategy = ComponentPlacement({"actor": value}, num_devices).get_strategy("actor")
+    assert [p.rank for p in strategy.placements] == list(range(strategy.world_size))
+    return [p.devices for p in strategy.placements]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Grammar
+
+
+@pytest.mark.parametrize(
+    "value, num_devices, expected",
+    [
+        ("all", 4, [(0,), (1,), (2,), (3,)]),
+        ("3", 8, [(3,)]),
+        (" 0 ", 8, [(0,)]),
+        ("0-3", 8, [(0,), (1,), (2,), (3,)]),
+        ("2-2", 8, [(2,)]),
+        ("0,2,4-5", 8, [(0,), (2,), (4,), (5,)]),
+        ("0, 2", 8, [(0,), (2,)]),
+        ("0-3:0-7", 8, [(p // 2,) for p in range(8)]),  # 2 processes per device
+        ("0-3:0-1", 8, [(0, 1), (2, 3)]),  # each process owns 2 devices
+        ("0-3:0", 8, [(0, 1, 2, 3)]),  # one process owns all 4
+        ("0:0-2", 8, [(0,), (0,), (0,)]),
+        ("all:0-7", 4, [(p // 2,) for p in range(8)]),
+        ("0-1:0-3,2-3", 8, [(0,), (0,), (1,), (1,), (2,), (3,)]),  # processes 4, 5 continue the count
+        ("0-1,2-5:2-3", 8, [(0,), (1,), (2, 3), (4, 5)]),
+        ("4-7", 8, [(4,), (5,), (6,), (7,)]),
+    ],
+)
+def test_grammar(value, num_devices, expected):
+    assert rank_devices(value, num_devices) == expected
+
+
+def test_int_value_from_yaml_is_accepted():
+    assert rank_devices(0) == [(0,)]  # type: ignore[arg-type]
+
+
+def test_strategy_dataclasses():
+    strategy = ComponentPlacement({"actor": "0-3:0-1"}, 4).get_strategy("actor")
+    assert strategy == PlacementStrategy("actor", (ProcessPlacement(0, (0, 1)), ProcessPlacement(1, (2, 3))))
+    assert strategy.world_size == 2
+    assert strategy.devices() == {0, 1, 2, 3}
+
+
+def test_multi_component_key_gives_each_its_own_group():
+    placement = ComponentPlacement({"env,rollout, actor": "0-1", "reward": "2"}, 4)
+    assert placement.components == ["env", "rollout", "actor", "reward"]
+    for name in ("env", "rollout", "actor"):
+        strategy = placement.get_strategy(name)
+        assert strategy.component == name
+        assert [p.devices for p in strategy.placements] == [(0,), (1,)]
+    assert placement.get_world_size("reward") == 1
+    assert placement.get_hardware_ranks("reward") == [2]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Modes
+
+
+@pytest.mark.parametrize("cls", [ComponentPlacement, HybridComponentPlacement])
+@pytest.mark.parametrize(
+    "config, mode",
+    [
+        ({"env,rollout,actor": "all"}, PlacementMode.COLLOCATED),
+        ({"env": "0", "rollout": "1", "actor": "2-3"}, PlacementMode.DISAGGREGATED),
+        ({"env": "0", "rollout": "1", "actor": "0-1"}, PlacementMode.HYBRID),
+        ({"env": "0-1", "rollout": "0-3:0-1", "actor": "0-3"}, PlacementMode.HYBRID),
+        ({"env": "0-1:0-3", "rollout": "0-1", "actor": "1,0"}, PlacementMode.COLLOCATED),  # same set, any order
+    ],
+)
+def test_modes(cls, config, mode):
+    assert cls(config, 4).placement_mode is mode
+
+
+def test_single_component_is_collocated():
+    assert ComponentPlacement({"actor": "0-1"}, 4).placement_mode is PlacementMode.COLLOCATED
+
+
+def test_rlinf_embodied_example():
+    # examples/embodiment/config/maniskill_ppo_openvla.yaml: actor on all 8 GPUs, env | rollout split 4 + 4.
+    placement = HybridComponentPlacement({"actor": "0-7", "env": "0-3", "rollout": "4-7"}, 8)
+    assert placement.components == ["actor", "env", "rollout"]
+    assert [placement.get_world_size(c) for c in placement.components] == [8, 4, 4]
+    assert placement.get_hardware_ranks("actor") == list(range(8))
+    assert placement.get_hardware_ranks("env") == [0, 1, 2, 3]
+    assert placement.get_hardware_ranks("rollout") == [4, 5, 6, 7]
+    assert [p.devices for p in placement.get_strategy("rollout").placements] == [(4,), (5,), (6,), (7,)]
+    assert placement.placement_mode is PlacementMode.HYBRID
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# describe()
+
+
+def test_describe():
+    text = ComponentPlacement({"env": "0", "rollout": "1", "actor": "0-1:0-3"}, 3).describe()
+    assert text.splitlines() == [
+        "device 0: actor[0] actor[1] env[0]",
+        "device 1: actor[2] actor[3] rollout[0]",
+        "device 2: (idle)",
+        "mode: hybrid",
+    ]
+
+
+def test_describe_collocated_and_multi_device_process():
+    assert "device 0: actor[0] env[0] rollout[0]" in ComponentPlacement({"env,rollout,actor": "all"}, 2).describe()
+    text = ComponentPlacement({"actor": "0-1:0"}, 2).describe()
+    assert text.splitlines() == ["device 0: actor[0]", "device 1: actor[0]", "mode: collocated"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Errors: one line, naming the key
+
+
+def assert_one_line_error(config, num_devices, *fragments):
+    with pytest.raises(PlacementError) as info:
+        HybridComponentPlacement(config, num_devices)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("", "empty placement"),
+        ("   ", "empty placement"),
+        ("0-", "'0-'"),
+        ("a-b", "'a-b'"),
+        ("3-1", "ends before it starts"),
+        ("1,,2", "empty segment"),
+        ("-1", "'-1'"),
+        ("0,", "empty segment"),
+        ("0:1:2", "more than one ':'"),
+        ("0-3:", "process ranks ''"),
+        ("0-3:all", "process ranks 'all'"),
+        ("0-3:1-4", "must start at 0"),
+        ("0-1,2-3:0-1", "must start at 2"),
+        ("0-2:0-1", "3 devices and 2 processes"),
+        ("0-1:0-2", "2 devices and 3 processes"),
+        ("0-1,1", "device 1 is listed twice"),
+        ("all,0", "device 0 is listed twice"),
+        ("0-4", "device 4 is out of range for num_devices=4"),
+        ("7", "visible GPUs, or cluster.num_devices virtual CPU devices"),
+    ],
+)
+def test_bad_values(value, fragment):
+    message = assert_one_line_error({"env,rollout": "0", "actor": value}, 4, fragment)
+    assert message.startswith("cluster.component_placement.actor: ")
+    assert repr(value) in message  # names the bad value
+
+
+def test_component_under_two_keys():
+    assert_one_line_error(
+        {"env,rollout,actor": "0", "actor": "1"}, 4, "cluster.component_placement.actor: ", "'actor' is placed twice"
+    )
+    assert_one_line_error({"env,env": "0", "rollout,actor": "1"}, 4, "cluster.component_placement.env,env: ")
+
+
+@pytest.mark.parametrize("key", ["", "env,,rollout", "actor,"])
+def test_empty_component_name(key):
+    assert_one_line_error({key: "0", "env,rollout,actor": "1"}, 4, f"cluster.component_placement.{key}: ", "empty")
+
+
+def test_hybrid_requires_actor_rollout_env():
+    assert_one_line_error({"actor,rollout": "0"}, 4, "cluster.component_placement.env: missing", "actor, rollout")
+    ComponentPlacement({"actor,rollout": "0"}, 4)  # the generic parser has no required components
+
+
+def test_unknown_component():
+    placement = ComponentPlacement({"env,rollout,actor": "all"}, 2)
+    with pytest.raises(PlacementError, match=r"^cluster\.component_placement\.critic: .*env, rollout, actor$"):
+        placement.get_strategy("critic")
+    with pytest.raises(PlacementError, match="critic"):
+        placement.get_world_size("critic")
+
+
+def test_empty_section():
+    with pytest.raises(PlacementError, match="cluster.component_placement"):
+        ComponentPlacement({}, 2)
+
+
+def test_no_torch_import():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, stages.placement; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
