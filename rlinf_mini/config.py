@@ -398,8 +398,17 @@ def load_config(argv: list[str] | None = None) -> TrainConfig:
             cfg = tyro.cli(TrainConfig, default=default, args=argv)
     except SystemExit:
         raise ConfigError(f"command line: {_one_line_tyro_error(captured.getvalue())}") from None
-    validate_config(cfg, "command line" if argv else source)
+    validate_config(cfg, f"{source} + command line" if argv else source)
     return cfg
+
+
+def config_source(argv: list[str]) -> str:
+    """How error messages name where the config came from: the YAML file, and whether the command line changed it."""
+    argv = list(argv)
+    source = argv[argv.index("--config") + 1] if "--config" in argv and argv.index("--config") + 1 < len(argv) \
+        else "defaults"
+    rest = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
+    return f"{source} + command line" if rest else source
 
 
 def validate_config(cfg: TrainConfig, source: str) -> None:

@@ -53,6 +53,9 @@ class Worker:
     def create_group(cls, cfg: Any, *args: Any) -> "WorkerGroup":
         return WorkerGroup(cls, cfg, args)
 
+    def close(self) -> None:
+        """Release what the worker holds (envs, shared buffers); called in the process when its group shuts down."""
+
     def log(self, msg: str) -> None:
         print(f"[{self._group_name}:{self._rank}] {msg}", file=sys.stderr, flush=True)
 
@@ -242,6 +245,9 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
                 result = (False, traceback.format_exc())
             result_queue.put((call_id, rank, *result))
     finally:
-        close_process_resources()
+        try:
+            worker.close()
+        finally:
+            close_process_resources()
         result_queue.close()
         result_queue.join_thread()

@@ -130,6 +130,10 @@ class MLPPolicy(nn.Module):
         values = self._values(obs) if compute_values else obs.new_zeros(obs.shape[0], dtype=torch.float32)
         return {"logprobs": logprobs, "entropy": entropy, "values": values}
 
+    def forward(self, obs: Tensor, actions: Tensor, compute_values: bool = True) -> dict[str, Tensor]:
+        """`module(...)` is the training path (DistributedDataParallel hooks into forward)."""
+        return self.default_forward(obs, actions, compute_values)
+
     def value_parameters(self) -> list[nn.Parameter]:
         """The value head's parameters (the optimizer gives them actor.optim.value_lr)."""
         return [] if self.value_head is None else list(self.value_head.parameters())

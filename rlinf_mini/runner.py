@@ -1,0 +1,214 @@
+"""EmbodiedRunner: the training loop that composes the five stages. It carries no data: it creates the channels,
+passes them into group calls, and waits.
+
+One step (RLinf's timer names):
+    sync_weights         update_rollout_weights()        actor rank 0 -> every rollout rank        (stage 2)
+    generate_rollouts    env.interact || rollout.generate || actor.recv_rollout_trajectories      (stage 3)
+    cal_adv_and_returns  actor.compute_advantages_and_returns()                                   (stage 4)
+    actor_training       actor.run_training()                                                     (stage 5)
+then, every `val_check_interval` steps, an evaluation, and every `save_interval` steps, a checkpoint.
+
+RLinf counterpart: `rlinf/runners/embodied_runner.py::EmbodiedRunner` (init_workers, update_rollout_weights,
+generate_rollouts, evaluate, run, _save_checkpoint). Left out: reward workers, async variants, profiler windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rlinf_mini.channel import Channel
+from rlinf_mini.config import TrainConfig
+from rlinf_mini.metric_logger import MetricLogger
+from rlinf_mini.worker import WorkerGroup
+
+
+def find_latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint folder (incomplete ones are still named .tmp and are ignored)."""
+    folders = [p for p in (run_dir / "checkpoints").glob("global_step_*") if p.is_dir()]
+    return max(folders, key=lambda p: int(p.name.rsplit("_", 1)[1]), default=None)
+
+
+class EmbodiedRunner:
+    def __init__(self, cfg: TrainConfig, actor: WorkerGroup, rollout: WorkerGroup, env: WorkerGroup, cluster,
+                 run_dir: Path):
+        self.cfg, self.actor, self.rollout, self.env, self.cluster = cfg, actor, rollout, env, cluster
+        self.run_dir = Path(run_dir)
+        self.world_sizes = {"env": env.world_size, "rollout": rollout.world_size, "actor": actor.world_size}
+        stages = cfg.rollout.pipeline_stage_num
+        # env <-> rollout queues hold at most one message per (mode, env rank, stage) key in flight, plus slack
+        self.env_channel = Channel.create(f"{cfg.env.group_name}.Env", cluster, maxsize=stages + 1)
+        self.rollout_channel = Channel.create(f"{cfg.rollout.group_name}.Rollout", cluster, maxsize=stages + 1)
+        self.actor_channel = Channel.create(f"{cfg.actor.group_name}.Actor", cluster, maxsize=0)
+        self.global_step = 0
+        self.max_steps = cfg.runner.num_steps
+        self.timings: dict[str, float] = {}
+        self.history: list[dict[str, float]] = []
+
+    @contextlib.contextmanager
+    def timer(self, name: str):
+        start = time.monotonic()
+        yield
+        self.timings[f"time/{name}"] = time.monotonic() - start
+
+    # --- setup ---------------------------------------------------------------------------------------------------
+
+    def init_workers(self) -> None:
+        """Rollout and env build at the same time; then the actor. Resume if runner.resume_dir says so."""
+        rollout_init = self.rollout.init_worker(self.world_sizes)
+        env_init = self.env.init_worker(self.world_sizes)
+        self.weight_handles = rollout_init.wait()
+        env_init.wait()
+        self.actor.init_worker(self.world_sizes).wait()
+        resume = self.cfg.runner.resume_dir
+        if resume == "auto":
+            resume = find_latest_checkpoint(self.run_dir)
+        if resume:
+            self.load_checkpoint(Path(resume))
+
+    # --- the four phases -----------------------------------------------------------------------------------------
+
+    def update_rollout_weights(self) -> dict[str, float]:
+        version = self.global_step  # number of optimizer steps behind the actor's weights
+        receive = self.rollout.sync_model_from_actor(version)
+        send = self.actor.sync_model_to_rollout(self.weight_handles, version)
+        sent = send.wait()[0]
+        receive.wait()
+        return {f"sync/{k.split('/', 1)[1]}": v for k, v in sent.items()}
+
+    def generate_rollouts(self) -> dict[str, float]:
+        env_run = self.env.interact(self.rollout_channel, self.env_channel, self.actor_channel, self.global_step)
+        rollout_run = self.rollout.generate(self.rollout_channel, self.env_channel)
+        self.actor.recv_rollout_trajectories(self.actor_channel).wait()
+        rollout_metrics = rollout_run.wait()
+        env_metrics = env_run.wait()
+        return _mean_over_ranks(env_metrics) | {
+            "rollout/samples": sum(m["rollout/samples"] for m in rollout_metrics),
+            "time/rollout/generate": max(m["time/rollout/generate"] for m in rollout_metrics),
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        env_run = self.env.evaluate(self.rollout_channel, self.env_channel)
+        self.rollout.evaluate(self.rollout_channel, self.env_channel).wait()
+        per_rank = env_run.wait()
+        total = {k: sum(m[k] for m in per_rank) for k in per_rank[0]}
+        n = total["eval/num_episodes"]
+        return {
+            "eval/success_once": total["eval/success_once_sum"] / total["eval/num_envs"],
+            "eval/return": total["eval/return_sum"] / n if n else float("nan"),
+            "eval/num_episodes": n,
+        }
+
+    def run(self) -> list[dict[str, float]]:
+        """Train until max steps; returns the per-step metrics (also in metrics.jsonl)."""
+        cfg = self.cfg.runner
+        self.logger = MetricLogger(cfg.logger, self.run_dir, resume_step=self.global_step)
+        bar = None
+        if cfg.progress_bar:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.max_steps, initial=self.global_step, desc="train", file=sys.stderr,
+                       dynamic_ncols=True)
+        weights_version = -1
+        if self.global_step == 0 and cfg.val_before_train and cfg.val_check_interval > 0:
+            self.update_rollout_weights()
+            weights_version = 0
+            metrics = self.evaluate()
+            self._log(metrics, step=0, bar=bar)
+        try:
+            while self.global_step < self.max_steps:
+                self.timings = {}
+                metrics: dict[str, float] = {}
+                with self.timer("step"):
+                    self.actor.set_global_step(self.global_step).wait()
+                    with self.timer("sync_weights"):
+                        if self.global_step % cfg.weight_sync_interval == 0 and weights_version != self.global_step:
+                            metrics |= self.update_rollout_weights()
+                            weights_version = self.global_step
+                    with self.timer("generate_rollouts"):
+                        metrics |= self.generate_rollouts()
+                    with self.timer("cal_adv_and_returns"):
+                        metrics |= self.actor.compute_advantages_and_returns().wait()[0]
+                    with self.timer("actor_training"):
+                        metrics |= self.actor.run_training().wait()[0]
+                self.global_step += 1
+                metrics |= self.timings
+                metrics["env/steps"] = float(self.global_step * self._env_steps_per_step())
+                if self._due(cfg.val_check_interval):
+                    with self.timer("eval"):
+                        self.update_rollout_weights()
+                        weights_version = self.global_step
+                        metrics |= self.evaluate()
+                    metrics["time/eval"] = self.timings["time/eval"]
+                if self._due(cfg.save_interval):
+                    self.save_checkpoint()
+                self._log(metrics, step=self.global_step, bar=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+            self.logger.close()
+        return self.history
+
+    def _due(self, interval: int) -> bool:
+        return interval > 0 and (self.global_step % interval == 0 or self.global_step == self.max_steps)
+
+    def _env_steps_per_step(self) -> int:
+        train = self.cfg.env.train
+        return train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
+
+    def _log(self, metrics: dict[str, float], step: int, bar) -> None:
+        self.history.append({"step": step, **metrics})
+        self.logger.log(metrics, step)
+        line = MetricLogger.console_line(metrics, step)
+        if bar is not None:
+            bar.update(step - bar.n)
+            if step % self.cfg.runner.log_interval == 0 or "eval/success_once" in metrics:
+                bar.write(line, file=sys.stderr)
+        elif step % self.cfg.runner.log_interval == 0 or "eval/success_once" in metrics:
+            print(line, file=sys.stderr, flush=True)
+
+    # --- checkpoints ---------------------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Write checkpoints/global_step_N atomically: everything goes into a .tmp folder that is renamed last."""
+        root = self.run_dir / "checkpoints"
+        final = root / f"global_step_{self.global_step}"
+        tmp = root / f".global_step_{self.global_step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.actor.execute_on(0).save_checkpoint(str(tmp / "actor")).wait()
+        torch.save(self.env.get_state().wait(), tmp / "env.pt")
+        (tmp / "runner.json").write_text(json.dumps({"global_step": self.global_step}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)  # atomic on one filesystem: a checkpoint folder is complete or absent
+        return final
+
+    def load_checkpoint(self, folder: Path) -> None:
+        if not (folder / "runner.json").is_file():
+            raise FileNotFoundError(f"runner.resume_dir: {folder} is not a complete checkpoint (no runner.json)")
+        self.actor.load_checkpoint(str(folder / "actor")).wait()
+        env_states = torch.load(folder / "env.pt", weights_only=False)
+        if len(env_states) != self.env.world_size:
+            raise ValueError(f"runner.resume_dir: {folder} has {len(env_states)} env ranks, this run has "
+                             f"{self.env.world_size}")
+        for rank, state in enumerate(env_states):
+            self.env.execute_on(rank).set_state(state).wait()
+        self.global_step = json.loads((folder / "runner.json").read_text())["global_step"]
+
+
+def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Average each metric over ranks, ignoring NaN (a rank whose envs finished no episode)."""
+    out = {}
+    for k in per_rank[0]:
+        vals = [m[k] for m in per_rank if not math.isnan(m[k])]
+        out[k] = sum(vals) / len(vals) if vals else float("nan")
+    return out

@@ -1,0 +1,246 @@
+"""Stage 3 — rollout: env workers and rollout workers exchange observations and actions over two queues, pipelined.
+
+    runner:   env.interact(rollout_channel, env_channel, actor_channel, step)   } started together; the runner
+              rollout.generate(rollout_channel, env_channel)                    } waits for both
+    env:      for each chunk step t, for each stage k:  get actions(k) -> env k steps -> put obs(k)
+    rollout:  for each chunk step t, for each stage k:  get obs(k) -> policy infers -> put actions(k)
+
+Each env rank splits its envs into `rollout.pipeline_stage_num` stages (S), each a separate vector env. The env sends
+the observations of all stages first; from then on, while it steps stage k, the rollout is already inferring the
+actions of stage k+1, whose observations arrived earlier. With S = 1 the two wait for each other; with S = 2 and
+equal env and inference times, each hides the other (RLinf's "fine-grained pipelining").
+
+Queues (`Channel` keys):  Rollout channel ("train"|"eval", env rank, stage) carries {obs [B, D], env_ids [B],
+sample_step}; Env channel, same keys, carries {actions [B, C, A] or [B, C], logprobs [B], values [B], version}.
+After T = max_steps_per_rollout_epoch / C chunk steps the rollout infers once more for the bootstrap values, so a
+trajectory holds values [T+1, B]. At the end of the rollout epoch(s) the env cuts its trajectories into pieces, one
+per actor share, and puts them on the Actor channel.
+
+Randomness: the action noise of env `e` at sample step `s` is `counter_uniform(seed, e, s)`, a function of the env id
+and the step only, so pipelined and unpipelined rollouts (or 1 and 2 env ranks) produce identical trajectories.
+
+RLinf counterpart: `rlinf/workers/env/env_worker.py::EnvWorker` (`interact`, `evaluate`, `_run_interact_once`) and
+`rlinf/workers/rollout/hf/huggingface_worker.py::MultiStepRolloutWorker` (`generate`, `sync_model_from_actor`).
+Left out: reward models, dict observations, offloading, `send_to`/`recv_from` routing (keys do that job here).
+Next stage: `stages/advantages.py`.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+
+import torch
+
+from rlinf_mini.channel import Channel
+from rlinf_mini.config import EnvSplitConfig, TrainConfig
+from rlinf_mini.envs import EnvSpec, get_env_spec, make_env
+from rlinf_mini.models import build_policy
+from rlinf_mini.seeding import counter_uniform
+from rlinf_mini.worker import Worker
+from stages.sync import WeightBufferHandle, WeightReceiver
+
+TRAJECTORY_KEYS = ("obs", "actions", "logprobs", "values", "rewards", "dones", "versions")
+
+
+def env_ranks_of_rollout(rollout_rank: int, env_world_size: int, rollout_world_size: int) -> list[int]:
+    """The env ranks served by one rollout rank: a contiguous block of env_world_size / rollout_world_size."""
+    per = env_world_size // rollout_world_size
+    return list(range(rollout_rank * per, (rollout_rank + 1) * per))
+
+
+def actor_pieces(env_world_size: int, actor_world_size: int) -> tuple[int, int]:
+    """(pieces per env rank, pieces per actor rank): each env rank's batch is cut so every actor gets equal shares."""
+    lcm = math.lcm(env_world_size, actor_world_size)
+    return lcm // env_world_size, lcm // actor_world_size
+
+
+class EnvWorker(Worker):
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.stage_num = cfg.rollout.pipeline_stage_num
+        self.chunks = cfg.actor.model.num_action_chunks
+
+    def _make_stage_envs(self, split: EnvSplitConfig, key: str) -> list:
+        n = split.total_num_envs // self._world_size // self.stage_num  # sub-envs per stage
+        envs = []
+        for k in range(self.stage_num):
+            first = (self._rank * self.stage_num + k) * n  # global ids are contiguous: rank-major, then stage
+            envs.append(make_env(split, torch.arange(first, first + n), self.chunks, key=key))
+        return envs
+
+    def init_worker(self, world_sizes: dict[str, int]) -> EnvSpec:
+        """Build the stage envs (train and eval) and reset the train envs. world_sizes: {"env", "rollout", "actor"}."""
+        self.world_sizes = world_sizes
+        self.train_envs = self._make_stage_envs(self.cfg.env.train, "env.train")
+        self.eval_envs = self._make_stage_envs(self.cfg.env.eval, "env.eval")
+        self.last_obs = [env.reset() for env in self.train_envs]  # [B_stage, D] per stage
+        self.recent_returns: collections.deque = collections.deque(maxlen=20)  # for "env/return_last20"
+        return self.train_envs[0].spec
+
+    def _run_epoch(self, mode: str, envs: list, obs: list[torch.Tensor], n_steps: int, sample_base: int,
+                   rollout_channel: Channel, env_channel: Channel, record: bool) -> tuple[list[dict], dict]:
+        """One rollout epoch over all stages: n_steps chunk steps (+1 value-only inference when `record`)."""
+        rollout_of = self._rank // (self._world_size // self.world_sizes["rollout"])
+        expected = f"{self.cfg.rollout.group_name} rank {rollout_of}"
+        keys = [(mode, self._rank, k) for k in range(self.stage_num)]
+        trajs = [{name: [] for name in TRAJECTORY_KEYS} for _ in range(self.stage_num)]
+        stats: dict[str, list[torch.Tensor]] = {"return": [], "episode_len": [], "success_once": []}
+        for k, env in enumerate(envs):  # prime the pipeline: every stage's first observation
+            rollout_channel.put({"obs": obs[k], "env_ids": env.env_ids, "sample_step": sample_base}, key=keys[k])
+        for t in range(n_steps):
+            for k, env in enumerate(envs):
+                out = env_channel.get(key=keys[k], expected_from=expected)
+                next_obs, rewards, terminations, truncations, ep = env.chunk_step(out["actions"])
+                if record:
+                    tr = trajs[k]
+                    tr["obs"].append(obs[k])
+                    tr["actions"].append(out["actions"])
+                    tr["logprobs"].append(out["logprobs"])
+                    tr["values"].append(out["values"])
+                    tr["rewards"].append(rewards.sum(dim=1))  # [B, C] -> [B]: one reward per chunk step
+                    tr["dones"].append((terminations | truncations).any(dim=1))  # [B]
+                    tr["versions"].append(torch.full_like(out["logprobs"], out["version"], dtype=torch.int64))
+                for name in stats:
+                    stats[name].append(ep[name])
+                obs[k] = next_obs
+                if t + 1 < n_steps or record:  # the last observation is only needed for the bootstrap value
+                    rollout_channel.put({"obs": next_obs, "env_ids": env.env_ids,
+                                         "sample_step": sample_base + t + 1}, key=keys[k])
+        if record:
+            for k in range(self.stage_num):
+                out = env_channel.get(key=keys[k], expected_from=expected)
+                trajs[k]["values"].append(out["values"])
+        stacked = [{name: torch.stack(v) for name, v in tr.items()} for tr in trajs] if record else []
+        return stacked, {name: torch.cat(v) if v else torch.zeros(0) for name, v in stats.items()}
+
+    def interact(self, rollout_channel: Channel, env_channel: Channel, actor_channel: Channel,
+                 global_step: int) -> dict[str, float]:
+        """Collect `rollout_epoch` epochs of trajectories and hand them to the actor ranks; returns env metrics."""
+        train = self.cfg.env.train
+        n_steps = train.max_steps_per_rollout_epoch // self.chunks
+        epochs, all_stats = [], []
+        for epoch in range(train.rollout_epoch):
+            if not train.auto_reset:
+                self.last_obs = [env.reset() for env in self.train_envs]
+            sample_base = (global_step * train.rollout_epoch + epoch) * (n_steps + 1)
+            trajs, stats = self._run_epoch("train", self.train_envs, self.last_obs, n_steps, sample_base,
+                                           rollout_channel, env_channel, record=True)
+            # [T(+1), B_stage, ...] per stage -> [T(+1), B_rank, ...]: stages side by side, in env-id order
+            epochs.append({name: torch.cat([tr[name] for tr in trajs], dim=1) for name in TRAJECTORY_KEYS})
+            all_stats.append(stats)
+        batch = {name: torch.cat([e[name] for e in epochs], dim=1) for name in TRAJECTORY_KEYS}
+        per_env_rank, _ = actor_pieces(self._world_size, self.world_sizes["actor"])
+        width = batch["rewards"].shape[1] // per_env_rank
+        for q in range(per_env_rank):  # piece p of the global batch goes to actor rank p // pieces_per_actor
+            piece = {name: v[:, q * width : (q + 1) * width].contiguous() for name, v in batch.items()}
+            actor_channel.put(piece, key=("traj", self._rank * per_env_rank + q))
+        stats = {name: torch.cat([s[name] for s in all_stats]) for name in all_stats[0]}
+        n = len(stats["return"])
+        self.recent_returns.extend(stats["return"].tolist())
+        return {
+            "env/num_episodes": float(n),
+            "env/return": stats["return"].mean().item() if n else float("nan"),
+            "env/episode_len": stats["episode_len"].mean().item() if n else float("nan"),
+            "env/success_once": stats["success_once"].mean().item() if n else float("nan"),
+            "env/reward": batch["rewards"].mean().item(),
+            "env/return_last20": (sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns
+                                  else float("nan")),
+        }
+
+    def evaluate(self, rollout_channel: Channel, env_channel: Channel) -> dict[str, float]:
+        """One episode per eval sub-env with deterministic actions; unfinished episodes count as failures."""
+        split = self.cfg.env.eval
+        obs = [env.reset() for env in self.eval_envs]
+        n_steps = split.max_steps_per_rollout_epoch // self.chunks
+        _, stats = self._run_epoch("eval", self.eval_envs, obs, n_steps, 0, rollout_channel, env_channel,
+                                   record=False)
+        num_envs = sum(env.num_envs for env in self.eval_envs)
+        n = len(stats["return"])
+        return {
+            "eval/success_once_sum": stats["success_once"].sum().item(),
+            "eval/return_sum": stats["return"].sum().item(),
+            "eval/num_episodes": float(n),
+            "eval/num_envs": float(num_envs),
+        }
+
+    def get_state(self) -> dict:
+        return {"train_envs": [env.get_state() for env in self.train_envs], "last_obs": self.last_obs,
+                "recent_returns": list(self.recent_returns)}
+
+    def set_state(self, state: dict) -> None:
+        for env, s in zip(self.train_envs, state["train_envs"]):
+            env.set_state(s)
+        self.last_obs = state["last_obs"]
+        self.recent_returns.clear()
+        self.recent_returns.extend(state["recent_returns"])
+
+    def close(self) -> None:
+        for env in self.train_envs + self.eval_envs:
+            env.close()
+
+
+class RolloutWorker(Worker):
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.stage_num = cfg.rollout.pipeline_stage_num
+        self.chunks = cfg.actor.model.num_action_chunks
+
+    def init_worker(self, world_sizes: dict[str, int]) -> WeightBufferHandle:
+        """Build the policy and the weight buffer; returns the buffer's handle for the actor."""
+        self.env_ranks = env_ranks_of_rollout(self._rank, world_sizes["env"], world_sizes["rollout"])
+        spec = get_env_spec(self.cfg.env.train)
+        model_cfg = self.cfg.actor.model
+        if self.cfg.rollout.model.model_path:
+            model_cfg = type(model_cfg)(**{**vars(model_cfg), "model_path": self.cfg.rollout.model.model_path})
+        self.spec = spec
+        self.model = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete).to(self.device).eval()
+        self.receiver = WeightReceiver(self.model)
+        self.noise_width = self.chunks * spec.action_dim  # Box: one normal per action dim; Discrete: one per choice
+        return self.receiver.handle()
+
+    def sync_model_from_actor(self, version: int) -> float:
+        """Wait until actor rank 0 has written `version` into this rank's buffer; returns seconds waited."""
+        return self.receiver.wait_for_version(version, timeout=self.cfg.cluster.timeout_s)
+
+    def _serve(self, mode: str, n_steps: int, rollout_channel: Channel, env_channel: Channel) -> int:
+        if self.receiver.version < 0:
+            raise RuntimeError("rollout has no weights yet: call sync_model_from_actor first")
+        seed = self.cfg.actor.seed
+        served = 0
+        with torch.no_grad():
+            for _ in range(n_steps):
+                for k in range(self.stage_num):
+                    for env_rank in self.env_ranks:
+                        key = (mode, env_rank, k)
+                        msg = rollout_channel.get(key=key, expected_from=f"{self.cfg.env.group_name} rank {env_rank}")
+                        obs = msg["obs"].to(self.device)
+                        noise = None
+                        if mode == "train":
+                            noise = counter_uniform(seed, msg["env_ids"], msg["sample_step"], self.noise_width)
+                            noise = noise.to(self.device)
+                        out = self.model.predict_action_batch(obs, noise, mode=mode)
+                        env_channel.put({"actions": out["actions"].cpu(), "logprobs": out["logprobs"].cpu(),
+                                         "values": out["values"].cpu(), "version": self.receiver.version}, key=key)
+                        served += obs.shape[0]
+        return served
+
+    def generate(self, rollout_channel: Channel, env_channel: Channel) -> dict[str, float]:
+        """Serve every chunk step of the training rollout epochs, plus one bootstrap-value inference per epoch."""
+        train = self.cfg.env.train
+        n_steps = train.max_steps_per_rollout_epoch // self.chunks + 1
+        start = time.monotonic()
+        served = sum(self._serve("train", n_steps, rollout_channel, env_channel) for _ in range(train.rollout_epoch))
+        return {"rollout/samples": float(served), "rollout/weight_version": float(self.receiver.version),
+                "time/rollout/generate": time.monotonic() - start}
+
+    def evaluate(self, rollout_channel: Channel, env_channel: Channel) -> None:
+        n_steps = self.cfg.env.eval.max_steps_per_rollout_epoch // self.chunks
+        self._serve("eval", n_steps, rollout_channel, env_channel)
+
+    def get_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def close(self) -> None:
+        self.receiver.close()
