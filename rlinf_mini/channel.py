@@ -25,8 +25,9 @@ import pickle
 import secrets
 import threading
 import time
+from collections.abc import Hashable
 from multiprocessing.connection import Client, Connection, Listener
-from typing import Any, Hashable
+from typing import Any
 
 import torch
 
@@ -218,7 +219,7 @@ class Channel:
         self.name, self._address, self._authkey, self.default_timeout = name, address, authkey, default_timeout
 
     @classmethod
-    def create(cls, name: str, cluster, maxsize: int = 0) -> "Channel":
+    def create(cls, name: str, cluster, maxsize: int = 0) -> Channel:
         """Create channel `name` on `cluster`'s channel server; maxsize bounds each key's queue (0 = unbounded)."""
         cluster.channel_server.create(name, maxsize)
         return cls(name, cluster.channel_server.address, cluster.channel_server.authkey, cluster.timeout_s)

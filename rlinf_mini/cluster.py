@@ -134,4 +134,6 @@ class Cluster:
 
         close_process_resources()
         shm.sweep(self.run_id)
+        if os.environ.get("RLINF_MINI_RUN_ID") == self.run_id:
+            del os.environ["RLINF_MINI_RUN_ID"]
         atexit.unregister(self.shutdown)

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import re
 import sys
 import types
 import typing
@@ -336,13 +337,25 @@ def _dataclass_from_dict(cls: type, data: dict, path: str, source: str) -> Any:
     return cls(**kwargs)
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML reads YAML 1.1, where `lr: 1e-3` (no dot) is the string '1e-3'; read it as a float, as YAML 1.2 and
+    RLinf's OmegaConf do. Quoted values stay strings."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+|\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$"),
+    list("-+0123456789."),
+)
+
+
 def config_from_yaml(file: str | Path) -> TrainConfig:
     """Read a YAML file into a TrainConfig; keys absent from the file keep their defaults."""
     file = Path(file)
     if not file.is_file():
         raise ConfigError(f"{file}: config file not found")
     try:
-        data = yaml.safe_load(file.read_text())
+        data = yaml.load(file.read_text(), Loader=_YamlLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -368,9 +381,17 @@ def save_config(cfg: TrainConfig, file: str | Path) -> None:
 
 
 def _one_line_tyro_error(text: str) -> str:
-    """tyro prints a framed, multi-line message; keep the line that says what is wrong."""
-    lines = [ln.strip(" │╭╮╰╯─-") .strip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln and not ln.startswith(("For full helptext", "Argument helptext", "Perhaps"))]
+    """tyro prints a framed message: a title, a rule, the message (wrapped over several lines), a rule, help text.
+    Keep the message, joined into one line."""
+    lines = [ln.strip(" │╭╮╰╯├┤") for ln in text.splitlines()]
+    rules = [i for i, ln in enumerate(lines) if ln and set(ln) <= set("─-")]
+    if rules:
+        end = rules[1] if len(rules) > 1 else len(lines)
+        message = " ".join(ln for ln in lines[rules[0] + 1 : end] if ln)
+        if message:
+            return message
+    lines = [ln.strip("─- ") for ln in lines]
+    lines = [ln for ln in lines if ln]
     return lines[1] if len(lines) > 1 else (lines[0] if lines else "invalid command line")
 
 

@@ -44,11 +44,11 @@ class SharedSegment:
         self.data = torch.frombuffer(self._mmap, dtype=torch.uint8, count=size)  # [size] bytes
 
     @classmethod
-    def create(cls, size: int, tag: str = "seg") -> "SharedSegment":
+    def create(cls, size: int, tag: str = "seg") -> SharedSegment:
         return cls(f"{PREFIX}{run_id()}_{tag}_{os.getpid()}_{next(_counter)}", size, create=True)
 
     @classmethod
-    def attach(cls, name: str, size: int) -> "SharedSegment":
+    def attach(cls, name: str, size: int) -> SharedSegment:
         return cls(name, size, create=False)
 
     def view(self, dtype: torch.dtype, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:

@@ -17,8 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from rlinf_mini.config import (ConfigError, TrainConfig, check_batch_arithmetic, config_source, load_config,
-                               save_config)
+from rlinf_mini.config import ConfigError, TrainConfig, check_batch_arithmetic, config_source, load_config, save_config
 
 
 class RunPlan:
@@ -45,25 +44,31 @@ class RunPlan:
         self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
 
 
-def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
-    """Start the workers, train, and stop everything (also on error or Ctrl-C)."""
-    from rlinf_mini.cluster import Cluster
+def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa: F821
+    """Start the three worker groups where the placement says, and wire them into a runner (not yet initialized)."""
     from rlinf_mini.runner import EmbodiedRunner
     from stages.rollout import EnvWorker, RolloutWorker
     from stages.train import ActorWorker
+
+    placement = plan.placement
+    actor = ActorWorker.create_group(cfg).launch(
+        cluster, placement_strategy=placement.get_strategy("actor"), name=cfg.actor.group_name)
+    rollout = RolloutWorker.create_group(cfg).launch(
+        cluster, placement_strategy=placement.get_strategy("rollout"), name=cfg.rollout.group_name)
+    env = EnvWorker.create_group(cfg).launch(
+        cluster, placement_strategy=placement.get_strategy("env"), name=cfg.env.group_name)
+    return EmbodiedRunner(cfg, actor=actor, rollout=rollout, env=env, cluster=cluster, run_dir=plan.run_dir)
+
+
+def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
+    """Start the workers, train, and stop everything (also on error or Ctrl-C)."""
+    from rlinf_mini.cluster import Cluster
 
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, plan.run_dir / "config.yaml")
     cluster = Cluster(cfg.cluster)
     try:
-        placement = plan.placement
-        actor = ActorWorker.create_group(cfg).launch(
-            cluster, placement_strategy=placement.get_strategy("actor"), name=cfg.actor.group_name)
-        rollout = RolloutWorker.create_group(cfg).launch(
-            cluster, placement_strategy=placement.get_strategy("rollout"), name=cfg.rollout.group_name)
-        env = EnvWorker.create_group(cfg).launch(
-            cluster, placement_strategy=placement.get_strategy("env"), name=cfg.env.group_name)
-        runner = EmbodiedRunner(cfg, actor=actor, rollout=rollout, env=env, cluster=cluster, run_dir=plan.run_dir)
+        runner = launch(cfg, plan, cluster)
         runner.init_workers()
         return runner.run()
     finally:

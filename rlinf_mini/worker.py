@@ -50,7 +50,7 @@ class Worker:
         self.cfg = cfg
 
     @classmethod
-    def create_group(cls, cfg: Any, *args: Any) -> "WorkerGroup":
+    def create_group(cls, cfg: Any, *args: Any) -> WorkerGroup:
         return WorkerGroup(cls, cfg, args)
 
     def close(self) -> None:
@@ -63,7 +63,7 @@ class Worker:
 class GroupFuture:
     """The pending result of one call on some ranks of a group."""
 
-    def __init__(self, group: "WorkerGroup", call_id: int, method: str, ranks: list[int]):
+    def __init__(self, group: WorkerGroup, call_id: int, method: str, ranks: list[int]):
         self.group, self.call_id, self.method, self.ranks = group, call_id, method, ranks
 
     def wait(self, timeout: float | None = None) -> list[Any]:
@@ -87,7 +87,7 @@ class WorkerGroup:
         self._call_ids = itertools.count(1)
         self._closed = False
 
-    def launch(self, cluster, placement_strategy, name: str | None = None) -> "WorkerGroup":
+    def launch(self, cluster, placement_strategy, name: str | None = None) -> WorkerGroup:
         """Start one process per placement rank; returns at once (failures surface at the first wait)."""
         self.cluster = cluster
         self.name = name or self.name
@@ -108,7 +108,7 @@ class WorkerGroup:
             raise AttributeError(f"{self.cls.__name__} has no public method {method!r}")
         return lambda *args, **kwargs: self._submit(method, args, kwargs, list(range(self.world_size)))
 
-    def execute_on(self, *ranks: int) -> "_RankSelection":
+    def execute_on(self, *ranks: int) -> _RankSelection:
         """Run the next call on these ranks only: `group.execute_on(0).save_checkpoint(path)`."""
         return _RankSelection(self, list(ranks))
 

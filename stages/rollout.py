@@ -170,7 +170,7 @@ class EnvWorker(Worker):
                 "recent_returns": list(self.recent_returns)}
 
     def set_state(self, state: dict) -> None:
-        for env, s in zip(self.train_envs, state["train_envs"]):
+        for env, s in zip(self.train_envs, state["train_envs"], strict=True):
             env.set_state(s)
         self.last_obs = state["last_obs"]
         self.recent_returns.clear()

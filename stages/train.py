@@ -1,6 +1,6 @@
 """Stage 5 — train: the actor turns trajectories into a PPO (or GRPO) update, data-parallel over its ranks.
 
-    actor.recv_rollout_trajectories(actor_channel)   # its pieces of the global batch: obs [T, B, D], ... values [T+1, B]
+    actor.recv_rollout_trajectories(actor_channel)   # its pieces of the batch: obs [T, B, D], ..., values [T+1, B]
     actor.compute_advantages_and_returns()           # stage 4 on this rank's columns; normalized over all ranks
     actor.run_training()                             # update_epoch passes; global batch -> micro-batches -> step
 
@@ -175,7 +175,8 @@ class ActorWorker(Worker):
         self.model.train()
         for epoch in range(algo.update_epoch):
             # the shuffle depends on (seed, step, epoch, rank) only: a resumed run shuffles the same way
-            gen = torch.Generator().manual_seed(((cfg.seed * 1_000_003 + self.global_step) * 1009 + epoch) * 101 + self._rank)
+            seed = ((cfg.seed * 1_000_003 + self.global_step) * 1009 + epoch) * 101 + self._rank
+            gen = torch.Generator().manual_seed(seed)
             perm = torch.randperm(n, generator=gen)
             for start in range(0, n, per_rank_batch):
                 mb_idx = perm[start : start + per_rank_batch]
@@ -198,7 +199,7 @@ class ActorWorker(Worker):
                 self.optimizer.step()
         result = torch.tensor([totals[k] / count for k in sorted(totals)])
         result = self._all_reduce(result) / self._world_size
-        out = {f"train/{k}": float(v) for k, v in zip(sorted(totals), result)}
+        out = {f"train/{k}": float(v) for k, v in zip(sorted(totals), result, strict=True)}
         out["train/lr"] = cfg.optim.lr
         y, v = flat["returns"], flat["old_values"]
         var_y = y.var()
@@ -242,6 +243,10 @@ class ActorWorker(Worker):
 
     def get_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+
+    def get_rollout_batch(self) -> dict[str, torch.Tensor]:
+        """This rank's trajectories (and, after stage 4, advantages): for tests and tutorials."""
+        return {k: v.detach().cpu().clone() for k, v in self.batch.items()}
 
     def close(self) -> None:
         if self.sender is not None:

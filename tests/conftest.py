@@ -1,0 +1,48 @@
+"""Shared fixtures. The session check at the bottom fails the run if any test leaks a worker process or a
+shared-memory segment."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlinf_mini.shm import PREFIX, SHM_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `stages` and `tests.toy_workers` import from a plain checkout too
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def write_config(tmp_path: Path, base: str = "configs/embodied.yaml", **sections) -> Path:
+    """A copy of `base` with nested overrides: write_config(p, actor={"optim": {"lr": 0.1}})."""
+
+    def merge(into: dict, new: dict) -> None:
+        for k, v in new.items():
+            if isinstance(v, dict) and isinstance(into.get(k), dict) and k != "component_placement":
+                merge(into[k], v)
+            else:
+                into[k] = v
+
+    data = yaml.safe_load((ROOT / base).read_text())
+    merge(data, sections)
+    data.setdefault("runner", {}).setdefault("logger", {})["log_path"] = str(tmp_path / "results")
+    path = tmp_path / f"cfg_{len(list(tmp_path.glob('cfg_*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes_or_shm():
+    before = set(os.listdir(SHM_DIR))
+    yield
+    children = multiprocessing.active_children()
+    # only this process's runs: a run id starts with its driver's pid (other pytest or training runs may be going on)
+    ours = f"{PREFIX}{os.getpid()}"
+    segments = [n for n in os.listdir(SHM_DIR) if n.startswith(ours) and n not in before]
+    assert not children, f"worker processes outlived the tests: {children}"
+    assert not segments, f"shared-memory segments outlived the tests: {segments}"

@@ -1,0 +1,159 @@
+"""End to end: the same config under every placement mode, pipelined vs unpipelined rollouts (identical
+trajectories), weight sync (bitwise), version tags, checkpoints, and a short learning check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import write_config
+
+from rlinf_mini.cluster import Cluster
+from rlinf_mini.config import load_config
+from rlinf_mini.metric_logger import read_metrics
+from rlinf_mini.train import RunPlan, build_and_run, launch
+from stages.placement import PlacementMode
+
+SMALL = dict(  # 2 training steps of 16 envs x 8 chunk steps: a few seconds per run
+    runner={"max_epochs": 2, "val_check_interval": 2, "save_interval": 2, "progress_bar": False,
+            "logger": {"logger_backends": []}},  # TensorBoard's import costs ~2 s; one run below keeps it
+    env={"train": {"total_num_envs": 16, "max_steps_per_rollout_epoch": 8},
+         "eval": {"total_num_envs": 8, "max_steps_per_rollout_epoch": 8}},
+    actor={"global_batch_size": 64, "micro_batch_size": 32},
+)
+
+
+def small_cfg(tmp_path, placement: dict | None, num_devices: int | None, stages: int | None,
+              base: str = "configs/embodied.yaml", **extra):
+    """A 2-step version of `base`; placement / num_devices / stages None keep the base file's values."""
+    sections = {k: dict(v) for k, v in SMALL.items()}
+    if placement is not None:
+        sections["cluster"] = {"num_devices": num_devices, "component_placement": placement}
+    if stages is not None:
+        sections["rollout"] = {"pipeline_stage_num": stages}
+    for k, v in extra.items():
+        if k == "env":
+            sections["env"] = {split: {**sections["env"].get(split, {}), **v.get(split, {})}
+                               for split in ("train", "eval")}
+        else:
+            sections[k] = {**sections.get(k, {}), **v}
+    path = write_config(tmp_path, base=base, **sections)
+    return load_config(["--config", str(path)]), str(path)
+
+
+GRPO = {"algorithm": {"adv_type": "grpo", "loss_type": "actor", "group_size": 4},
+        "env": {"train": {"group_size": 4, "auto_reset": False}}, "actor": {"model": {"add_value_head": False}}}
+REINPP = {"algorithm": {"adv_type": "reinpp", "loss_type": "actor", "group_size": 2, "use_reinpp_baseline": True},
+          "env": {"train": {"group_size": 2}}}
+
+
+TENSORBOARD = {"runner": {"logger": {"logger_backends": ["tensorboard"]}}}
+CHUNKS = {"actor": {"model": {"num_action_chunks": 2}}}
+
+
+@pytest.mark.parametrize(
+    "base, placement, mode, actor_ranks, stages, algo",
+    [
+        ("configs/embodied_collocated.yaml", None, PlacementMode.COLLOCATED, 2, 1, CHUNKS),
+        ("configs/embodied_disaggregated.yaml", None, PlacementMode.DISAGGREGATED, 1, 2, GRPO),
+        ("configs/embodied.yaml", None, PlacementMode.HYBRID, 2, 2, TENSORBOARD),
+        ("configs/embodied.yaml", {"env,rollout": "0", "actor": "0-1:0"}, PlacementMode.HYBRID, 1, 1, REINPP),
+    ],
+    ids=["collocated-2actors-1stage-ppo-chunks2", "disaggregated-1actor-2stages-grpo", "hybrid-2actors-2stages-ppo",
+         "hybrid-1actor-1stage-reinpp"],
+)
+def test_same_config_trains_under_every_placement(tmp_path, base, placement, mode, actor_ranks, stages, algo):
+    cfg, source = small_cfg(tmp_path, placement, 2 if placement else None, None, base=base, **algo)
+    assert cfg.rollout.pipeline_stage_num == stages
+    plan = RunPlan(cfg, source)
+    assert plan.placement.placement_mode == mode and plan.world_sizes["actor"] == actor_ranks
+    history = build_and_run(cfg, plan)
+    steps = [h for h in history if h["step"] > 0]
+    assert [h["step"] for h in steps] == [1, 2]
+    for h in steps:
+        keys = ["train/actor/policy_loss", "env/reward", "time/generate_rollouts"]
+        if cfg.algorithm.loss_type == "actor_critic":
+            keys.append("train/critic/value_loss")
+        else:
+            assert "train/critic/value_loss" not in h
+        for key in keys:
+            assert math.isfinite(h[key]), key
+        chunk_steps = 8 // cfg.actor.model.num_action_chunks
+        assert h["rollout/samples"] == 16 * (chunk_steps + 1)  # T chunk steps + the bootstrap-value inference
+        assert h["rollout/staleness"] == 0.0  # synchronous: trajectories come from the current weights
+    assert "eval/success_once" in history[-1]
+    assert read_metrics(plan.run_dir / "metrics.jsonl")[-1]["step"] == 2
+    assert (plan.run_dir / "checkpoints" / "global_step_2" / "runner.json").is_file()
+    assert load_config(["--config", str(plan.run_dir / "config.yaml")]) == cfg  # resolved config loads back equal
+    if cfg.runner.logger.logger_backends:
+        assert list((plan.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def collect(tmp_path, placement, num_devices, stages, train_steps: int = 1):
+    """Launch, run `train_steps` steps by hand, and return (first trajectories, final actor and rollout weights)."""
+    cfg, source = small_cfg(tmp_path, placement, num_devices, stages)
+    plan = RunPlan(cfg, source)
+    cluster = Cluster(cfg.cluster)
+    try:
+        runner = launch(cfg, plan, cluster)
+        runner.init_workers()
+        batches = []
+        for step in range(train_steps):
+            runner.global_step = step
+            runner.actor.set_global_step(step).wait()
+            runner.update_rollout_weights()
+            runner.generate_rollouts()
+            batches.append(runner.actor.get_rollout_batch().wait())
+            runner.actor.compute_advantages_and_returns().wait()
+            runner.actor.run_training().wait()
+        trained = runner.actor.get_state_dict().wait()
+        before_sync = runner.rollout.get_state_dict().wait()
+        runner.global_step = train_steps
+        runner.update_rollout_weights()
+        after_sync = runner.rollout.get_state_dict().wait()
+        return batches, trained, before_sync, after_sync
+    finally:
+        cluster.shutdown()
+
+
+def cat_ranks(per_rank: list[dict]) -> dict:
+    return {k: torch.cat([b[k] for b in per_rank], dim=1) for k in per_rank[0]}
+
+
+def test_pipelined_and_unpipelined_rollouts_give_identical_trajectories_and_weights(tmp_path):
+    one_stage = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 1, train_steps=2)
+    two_stages = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 2, train_steps=2)
+    two_env_ranks = collect(tmp_path, {"env": "0-1", "rollout": "0-1", "actor": "0"}, 2, 2, train_steps=2)
+    for step in range(2):
+        ref = cat_ranks(one_stage[0][step])
+        for other in (two_stages, two_env_ranks):
+            got = cat_ranks(other[0][step])
+            assert ref.keys() == got.keys()
+            for k in ref:
+                assert torch.equal(ref[k], got[k]), f"step {step}: {k} differs"
+        assert (ref["versions"] == step).all()  # every action carries the weight version it was produced with
+    for k, v in one_stage[1][0].items():  # and so the trained weights are identical too
+        assert torch.equal(v, two_stages[1][0][k]) and torch.equal(v, two_env_ranks[1][0][k]), k
+
+
+def test_after_sync_rollout_weights_equal_actor_weights_bitwise(tmp_path):
+    _, trained, before_sync, after_sync = collect(tmp_path, {"env": "0", "rollout": "0-1", "actor": "0-1"}, 2, 1)
+    trained = trained[0]
+    assert len(after_sync) == 2  # every rollout rank
+    for rollout_weights in before_sync:  # the test can fail: training changed the actor, not the rollout
+        assert any(not torch.equal(trained[k], rollout_weights[k]) for k in trained)
+    for rollout_weights in after_sync:
+        assert rollout_weights.keys() == trained.keys()
+        for k in trained:
+            assert torch.equal(trained[k], rollout_weights[k]), k
+
+
+def test_default_config_learns_quickly(tmp_path):
+    """A short version of the default run: eval success goes from chance to most episodes in 15 steps."""
+    path = write_config(tmp_path, runner={"max_epochs": 15, "val_check_interval": 15, "save_interval": -1,
+                                          "progress_bar": False, "logger": {"logger_backends": []}})
+    cfg = load_config(["--config", str(path)])
+    history = build_and_run(cfg, RunPlan(cfg, str(path)))
+    evals = [h["eval/success_once"] for h in history if "eval/success_once" in h]
+    assert evals[0] <= 0.2 and evals[-1] >= 0.8, evals

@@ -1,0 +1,55 @@
+"""Workers used by the runtime tests (a module, so that spawned processes can import them by name)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from rlinf_mini.worker import Worker
+
+
+class EchoWorker(Worker):
+    def __init__(self, cfg, tag: str = ""):
+        super().__init__(cfg)
+        self.tag = tag
+        self.calls = 0
+
+    def info(self) -> dict:
+        self.calls += 1
+        return {"rank": self._rank, "world_size": self._world_size, "group": self._group_name, "tag": self.tag,
+                "cores": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
+                "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "calls": self.calls, "pid": os.getpid()}
+
+    def add(self, a, b=0):
+        return a + b + self._rank
+
+    def fail(self, rank: int):
+        if self._rank == rank:
+            raise ValueError(f"planned failure on rank {rank}")
+        return "ok"
+
+    def sleep(self, seconds: float):
+        time.sleep(seconds)
+        return seconds
+
+    def produce(self, channel, items: list, key):
+        for item in items:
+            channel.put(item, key=key)
+        return len(items)
+
+    def consume(self, channel, n: int, key, timeout: float | None = None):
+        return [channel.get(key=key, timeout=timeout) for _ in range(n)]
+
+    def exit_hard(self, code: int):
+        os._exit(code)
+
+
+class BrokenWorker(Worker):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        raise RuntimeError("constructor failed on purpose")
+
+    def info(self):
+        return None
