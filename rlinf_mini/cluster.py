@@ -1,11 +1,12 @@
 """Cluster: the devices of this machine, and the processes started on them.
 
-    cluster = Cluster(cfg.cluster)     # devices = visible CUDA GPUs, else cfg.cluster.num_devices virtual CPU devices
+    cluster = Cluster(cfg.cluster)     # cfg.cluster.num_devices devices: GPUs if visible, else shares of the CPU
     ...                                # WorkerGroup.launch(cluster, ...) calls cluster.allocate() once per rank
     cluster.shutdown()                 # stops every group, the channel server, and removes the run's shared memory
 
 A process placed on GPU device d starts with CUDA_VISIBLE_DEVICES=d, so inside it the GPU is cuda:0 (RLinf binds GPUs
-the same way, through environment variables, not Ray resources). On a machine without GPUs, the CPU cores are split
+the same way, through environment variables, not Ray resources); when the placement names more devices than there
+are GPUs, device d uses GPU d mod the GPU count. On a machine without GPUs, the CPU cores are split
 evenly over `cluster.num_devices` virtual devices; a process placed on virtual device d is pinned to that device's
 cores (sched_setaffinity) and gets as many torch threads, set before torch is imported in it. So the same YAML runs
 on a laptop and on a GPU box.
@@ -22,6 +23,7 @@ import os
 import secrets
 import signal
 import socket
+import time
 from typing import Any
 
 import torch
@@ -59,7 +61,7 @@ class Cluster:
         self.cfg = cfg
         self.num_gpus = torch.cuda.device_count()
         self.device_type = "cuda" if self.num_gpus else "cpu"
-        self.num_devices = self.num_gpus or cfg.num_devices
+        self.num_devices = cfg.num_devices
         self.timeout_s = cfg.timeout_s
         self.run_id = f"{os.getpid()}{secrets.token_hex(2)}"
         self.mp_context = torch.multiprocessing.get_context("spawn")
@@ -93,7 +95,8 @@ class Cluster:
         }
         cores = None
         if self.device_type == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.devices))
+            gpus = sorted({d % self.num_gpus for d in placement.devices})  # more devices than GPUs: they share
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         else:
             cores = sorted({c for d in placement.devices for c in self.device_cores(d)})
             env |= {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(cores)), "MKL_NUM_THREADS": str(len(cores))}
@@ -127,8 +130,12 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
-        for group in reversed(self.groups):
-            group.shutdown()
+        # All groups stop together, so a worker stuck in a channel get costs one grace period, not one per group.
+        for group in self.groups:
+            group.request_stop()
+        deadline = time.monotonic() + 3.0
+        for group in self.groups:
+            group.finish_stop(deadline)
         self.channel_server.close()
         from rlinf_mini.channel import close_process_resources
 

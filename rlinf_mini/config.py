@@ -39,8 +39,8 @@ class ClusterConfig:
     num_nodes: int = 1
     """Number of machines. Only 1 is supported by the local (torch.multiprocessing) backend."""
     num_devices: int = 2
-    """rlinf_mini: number of virtual CPU devices when no CUDA GPU is visible (each gets a share of the CPU cores).
-    With GPUs, the visible GPUs are the devices and this key is ignored."""
+    """rlinf_mini: the devices that component_placement numbers 0..num_devices-1. Without a GPU each is a share of
+    the CPU cores; with GPUs, device d is GPU d (GPU d mod the GPU count when fewer GPUs are visible)."""
     component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
     """Component(s) -> devices, in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes' ('0-1:0-3' = 4 processes
     on 2 devices). A key may name several components ('env,rollout,actor')."""
@@ -176,7 +176,8 @@ class ModelConfig:
     model_type: Literal["mlp_policy"] = "mlp_policy"
     """Policy architecture."""
     model_path: str = ""
-    """A saved model folder (config.json + model.safetensors) to start from; '' builds a fresh model from this config."""
+    """A saved model folder (config.json + model.safetensors) to start from; '' builds a fresh model from this
+    config."""
     obs_dim: int = 0
     """Observation size; 0 takes it from the env."""
     action_dim: int = 0
@@ -344,7 +345,9 @@ class _YamlLoader(yaml.SafeLoader):
 
 _YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+|\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$"),
+    re.compile(r"""^[-+]?(?: [0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?   # 1.5, 1., 1.5e-3
+                           | [0-9][0-9_]*[eE][-+]?[0-9]+                 # 1e-3 (the case YAML 1.1 misses)
+                           | \.[0-9_]+(?:[eE][-+]?[0-9]+)? )$""", re.X),  # .5
     list("-+0123456789."),
 )
 
@@ -402,7 +405,7 @@ def load_config(argv: list[str] | None = None) -> TrainConfig:
     """
     import tyro  # imported here so that reading YAML alone (tests, tutorials) stays light
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _split_config_flag(sys.argv[1:] if argv is None else argv)
     source, default = "defaults", TrainConfig()
     if "--config" in argv:
         i = argv.index("--config")
@@ -423,9 +426,15 @@ def load_config(argv: list[str] | None = None) -> TrainConfig:
     return cfg
 
 
+def _split_config_flag(argv: list[str]) -> list[str]:
+    """`--config=FILE` -> `--config FILE`, the one form the code below looks for."""
+    return [part for arg in argv
+            for part in (["--config", arg.removeprefix("--config=")] if arg.startswith("--config=") else [arg])]
+
+
 def config_source(argv: list[str]) -> str:
     """How error messages name where the config came from: the YAML file, and whether the command line changed it."""
-    argv = list(argv)
+    argv = _split_config_flag(argv)
     source = argv[argv.index("--config") + 1] if "--config" in argv and argv.index("--config") + 1 < len(argv) \
         else "defaults"
     rest = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
@@ -470,9 +479,16 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
                  f"{e.max_steps_per_rollout_epoch} is not a multiple of actor.model.num_action_chunks={chunks}")
         if e.env_type == "fake" and e.init_params.id != "FakeReach-v0":
             fail(f"env.{split}.init_params.id", f"unknown fake env id {e.init_params.id!r} (known: 'FakeReach-v0')")
+        if e.env_type == "fake":  # the gymnasium env ignores these two
+            positive |= {f"env.{split}.init_params.dim": e.init_params.dim,
+                         f"env.{split}.init_params.goal_radius": e.init_params.goal_radius}
+    positive |= {"actor.optim.lr": cfg.actor.optim.lr, "actor.optim.value_lr": cfg.actor.optim.value_lr}
     for key, value in positive.items():
         if value <= 0:
             fail(key, f"must be positive, got {value}")
+    for key in ("clip_ratio_low", "clip_ratio_high", "value_clip", "entropy_bonus", "value_loss_coef"):
+        if getattr(cfg.algorithm, key) < 0:
+            fail(f"algorithm.{key}", f"must be >= 0, got {getattr(cfg.algorithm, key)}")
     if cfg.cluster.num_nodes != 1:
         fail("cluster.num_nodes", f"the local backend runs on one machine, got {cfg.cluster.num_nodes}")
     if cfg.env.train.group_size != cfg.algorithm.group_size:

@@ -24,15 +24,12 @@ class RunPlan:
     """Everything decided before any process starts: the placement, the world sizes, the run folder."""
 
     def __init__(self, cfg: TrainConfig, source: str):
-        import torch
-
         from rlinf_mini.envs import get_env_spec
         from rlinf_mini.models import build_policy
         from stages.placement import HybridComponentPlacement
 
         self.cfg = cfg
-        num_devices = torch.cuda.device_count() or cfg.cluster.num_devices
-        self.placement = HybridComponentPlacement(cfg.cluster.component_placement, num_devices)
+        self.placement = HybridComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
         self.world_sizes = {c: self.placement.get_world_size(c) for c in ("env", "rollout", "actor")}
         check_batch_arithmetic(cfg, self.world_sizes["env"], self.world_sizes["rollout"],
                                self.world_sizes["actor"], source)
@@ -76,18 +73,24 @@ def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(argv)  # imports only yaml and tyro: --help and config errors answer at once
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from rlinf_mini.envs import EnvError
     from rlinf_mini.worker import WorkerDiedError, WorkerError
     from stages.placement import PlacementError
 
+    source = config_source(argv)
     try:
-        cfg = load_config(argv)
-        plan = RunPlan(cfg, config_source(sys.argv[1:] if argv is None else argv))
-    except (ConfigError, PlacementError, EnvError) as e:
+        plan = RunPlan(cfg, source)
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except ValueError as e:  # build_policy: a model folder that does not fit the env
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+    except (PlacementError, EnvError, ValueError) as e:  # ValueError: a model folder that does not fit the env
+        print(f"error: {source}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     # SIGTERM becomes SystemExit, so `finally: cluster.shutdown()` runs just as for Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

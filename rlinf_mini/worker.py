@@ -85,7 +85,8 @@ class WorkerGroup:
         self._cmd_queues: list = []
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._call_ids = itertools.count(1)
-        self._closed = False
+        self._closed = False  # no more calls accepted
+        self._stopped = False  # processes joined and queues closed
 
     def launch(self, cluster, placement_strategy, name: str | None = None) -> WorkerGroup:
         """Start one process per placement rank; returns at once (failures surface at the first wait)."""
@@ -152,6 +153,11 @@ class WorkerGroup:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Ask every rank to stop, then terminate and finally kill whatever is still alive."""
+        self.request_stop()
+        self.finish_stop(time.monotonic() + timeout)
+
+    def request_stop(self) -> None:
+        """Phase 1 of shutdown: tell every rank to close and exit after its current call."""
         if self._closed:
             return
         self._closed = True
@@ -160,7 +166,12 @@ class WorkerGroup:
                 q.put(None)
             except (ValueError, OSError):
                 pass
-        deadline = time.monotonic() + timeout
+
+    def finish_stop(self, deadline: float) -> None:
+        """Phase 2: wait until `deadline` for the ranks to exit, then SIGTERM, then SIGKILL the rest."""
+        if self._stopped:
+            return
+        self._stopped = True
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         for proc in self.procs:

@@ -6,7 +6,7 @@
     print(placement.describe())                       # device 0: actor[0] env[0] ... / mode: hybrid
 
 Input: the config's `cluster.component_placement` dict (component name(s) -> placement string) and the number of
-devices (the visible GPUs, or `cluster.num_devices` virtual CPU devices). Output: one `PlacementStrategy` per
+devices (`cluster.num_devices` of them: GPUs, or shares of the CPU cores without GPUs). Output: one `PlacementStrategy` per
 component, the device ids of each of its ranks, from which a worker group starts one process per rank; and the
 `PlacementMode` of the whole layout. Standard library only: the driver imports this before any process exists.
 
@@ -123,7 +123,7 @@ def _parse_placement(key: str, value: str, num_devices: int) -> list[tuple[int, 
             if device >= num_devices:
                 raise fail(
                     f"device {device} is out of range for num_devices={num_devices} "
-                    "(the devices are the visible GPUs, or cluster.num_devices virtual CPU devices)"
+                    "(cluster.num_devices: GPUs, or shares of the CPU cores without GPUs)"
                 )
             if device in used:
                 raise fail(f"device {device} is listed twice")
@@ -228,4 +228,9 @@ class HybridComponentPlacement(ComponentPlacement):
                 raise PlacementError(
                     f"cluster.component_placement.{name}: missing; the embodied placement needs actor, rollout "
                     f"and env (placed: {', '.join(self.components)})"
+                )
+        for name in self.components:
+            if name not in ("actor", "rollout", "env"):
+                raise PlacementError(
+                    f"cluster.component_placement: unknown component {name!r} (known: actor, rollout, env)"
                 )

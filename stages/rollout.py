@@ -177,7 +177,7 @@ class EnvWorker(Worker):
         self.recent_returns.extend(state["recent_returns"])
 
     def close(self) -> None:
-        for env in self.train_envs + self.eval_envs:
+        for env in getattr(self, "train_envs", []) + getattr(self, "eval_envs", []):
             env.close()
 
 
@@ -243,4 +243,5 @@ class RolloutWorker(Worker):
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     def close(self) -> None:
-        self.receiver.close()
+        if hasattr(self, "receiver"):  # init_worker may have failed before creating it
+            self.receiver.close()

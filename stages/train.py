@@ -249,7 +249,7 @@ class ActorWorker(Worker):
         return {k: v.detach().cpu().clone() for k, v in self.batch.items()}
 
     def close(self) -> None:
-        if self.sender is not None:
+        if getattr(self, "sender", None) is not None:
             self.sender.close()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -58,10 +58,10 @@ CHUNKS = {"actor": {"model": {"num_action_chunks": 2}}}
         ("configs/embodied_collocated.yaml", None, PlacementMode.COLLOCATED, 2, 1, CHUNKS),
         ("configs/embodied_disaggregated.yaml", None, PlacementMode.DISAGGREGATED, 1, 2, GRPO),
         ("configs/embodied.yaml", None, PlacementMode.HYBRID, 2, 2, TENSORBOARD),
-        ("configs/embodied.yaml", {"env,rollout": "0", "actor": "0-1:0"}, PlacementMode.HYBRID, 1, 1, REINPP),
+        ("configs/embodied.yaml", {"env,rollout": "0", "actor": "0-1:0"}, PlacementMode.HYBRID, 1, 2, REINPP),
     ],
     ids=["collocated-2actors-1stage-ppo-chunks2", "disaggregated-1actor-2stages-grpo", "hybrid-2actors-2stages-ppo",
-         "hybrid-1actor-1stage-reinpp"],
+         "hybrid-1actor-2stages-reinpp"],
 )
 def test_same_config_trains_under_every_placement(tmp_path, base, placement, mode, actor_ranks, stages, algo):
     cfg, source = small_cfg(tmp_path, placement, 2 if placement else None, None, base=base, **algo)
@@ -138,7 +138,7 @@ def test_pipelined_and_unpipelined_rollouts_give_identical_trajectories_and_weig
 
 
 def test_after_sync_rollout_weights_equal_actor_weights_bitwise(tmp_path):
-    _, trained, before_sync, after_sync = collect(tmp_path, {"env": "0", "rollout": "0-1", "actor": "0-1"}, 2, 1)
+    _, trained, before_sync, after_sync = collect(tmp_path, {"env": "0-1", "rollout": "0-1", "actor": "0-1"}, 2, 1)
     trained = trained[0]
     assert len(after_sync) == 2  # every rollout rank
     for rollout_weights in before_sync:  # the test can fail: training changed the actor, not the rollout

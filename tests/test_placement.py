@@ -158,7 +158,7 @@ def assert_one_line_error(config, num_devices, *fragments):
         ("0-1,1", "device 1 is listed twice"),
         ("all,0", "device 0 is listed twice"),
         ("0-4", "device 4 is out of range for num_devices=4"),
-        ("7", "visible GPUs, or cluster.num_devices virtual CPU devices"),
+        ("7", "cluster.num_devices: GPUs, or shares of the CPU cores"),
     ],
 )
 def test_bad_values(value, fragment):
