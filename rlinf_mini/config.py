@@ -303,7 +303,8 @@ def _convert(tp: Any, value: Any, path: str, source: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         # component_placement values may be YAML ints (`actor: 0`); keys and values are kept as strings.
-        return {str(k): _convert(str, v if not isinstance(v, int) or isinstance(v, bool) else str(v), f"{path}.{k}", source)
+        return {str(k): _convert(str, str(v) if isinstance(v, int) and not isinstance(v, bool) else v,
+                                 f"{path}.{k}", source)
                 for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):

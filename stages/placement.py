@@ -6,7 +6,7 @@
     print(placement.describe())                       # device 0: actor[0] env[0] ... / mode: hybrid
 
 Input: the config's `cluster.component_placement` dict (component name(s) -> placement string) and the number of
-devices (`cluster.num_devices` of them: GPUs, or shares of the CPU cores without GPUs). Output: one `PlacementStrategy` per
+devices (`cluster.num_devices`: GPUs, or shares of the CPU cores without GPUs). Output: one `PlacementStrategy` per
 component, the device ids of each of its ranks, from which a worker group starts one process per rank; and the
 `PlacementMode` of the whole layout. Standard library only: the driver imports this before any process exists.
 

@@ -52,7 +52,7 @@ def assert_same(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for name, values in a.items():
         assert len(values) == len(b[name])
-        for x, y in zip(values, b[name]):
+        for x, y in zip(values, b[name], strict=True):
             assert torch.equal(x, y), name
 
 

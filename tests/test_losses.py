@@ -46,13 +46,13 @@ def make_critic_inputs(seed: int, n: int = N):
 
 
 def ref_masked_mean(xs, mask):
-    return sum(x * m for x, m in zip(xs, mask)) / max(sum(mask), 1.0)
+    return sum(x * m for x, m in zip(xs, mask, strict=True)) / max(sum(mask), 1.0)
 
 
 def ref_ppo_actor(logprobs, old_logprobs, advantages, loss_mask, low, high, c):
     """Per sample: loss, clip active, dual clip active, d loss / d logprob (before the mask and the mean)."""
     losses, clipped, dual, dloss = [], [], [], []
-    for lp, olp, a in zip(logprobs.tolist(), old_logprobs.tolist(), advantages.tolist()):
+    for lp, olp, a in zip(logprobs.tolist(), old_logprobs.tolist(), advantages.tolist(), strict=True):
         r = math.exp(lp - olp)
         unclipped = -a * r
         clipped_term = -a * min(max(r, 1 - low), 1 + high)
@@ -67,7 +67,7 @@ def ref_ppo_actor(logprobs, old_logprobs, advantages, loss_mask, low, high, c):
         # d(-a r)/d logp = -a r; a clipped or capped sample is a constant in logp
         dloss.append(0.0 if (is_clipped or is_dual) else -a * r)
     mask = loss_mask.tolist()
-    ratios = [math.exp(lp - olp) for lp, olp in zip(logprobs.tolist(), old_logprobs.tolist())]
+    ratios = [math.exp(lp - olp) for lp, olp in zip(logprobs.tolist(), old_logprobs.tolist(), strict=True)]
     return {
         "loss": ref_masked_mean(losses, mask),
         "actor/ratio": ref_masked_mean(ratios, mask),
@@ -77,13 +77,13 @@ def ref_ppo_actor(logprobs, old_logprobs, advantages, loss_mask, low, high, c):
         "per_sample_loss": losses,
         "clipped": clipped,
         "dual": dual,
-        "grad": [d * m / max(sum(mask), 1.0) for d, m in zip(dloss, mask)],
+        "grad": [d * m / max(sum(mask), 1.0) for d, m in zip(dloss, mask, strict=True)],
     }
 
 
 def ref_critic(values, old_values, returns, loss_mask, value_clip):
     losses, clipped = [], []
-    for v, ov, ret in zip(values.tolist(), old_values.tolist(), returns.tolist()):
+    for v, ov, ret in zip(values.tolist(), old_values.tolist(), returns.tolist(), strict=True):
         v_clipped = ov + min(max(v - ov, -value_clip), value_clip)
         losses.append(0.5 * max((v - ret) ** 2, (v_clipped - ret) ** 2))
         clipped.append(float(abs(v - ov) > value_clip))
@@ -107,10 +107,11 @@ def test_ppo_actor_loss_matches_reference(seed, low, high, c):
     # the inputs reach every branch, among the samples that count
     mask = inputs[3].tolist()
     adv = inputs[2].tolist()
-    assert sum(k * m for k, m in zip(ref["clipped"], mask)) > 10
-    assert sum(k * m for k, m in zip(ref["dual"], mask)) > 10
-    assert sum(m for k, d, m in zip(ref["clipped"], ref["dual"], mask) if not k and not d) > 10
-    assert sum(1 for a, m in zip(adv, mask) if a > 0 and m) > 10 and sum(1 for a, m in zip(adv, mask) if a < 0 and m) > 10
+    assert sum(k * m for k, m in zip(ref["clipped"], mask, strict=True)) > 10
+    assert sum(k * m for k, m in zip(ref["dual"], mask, strict=True)) > 10
+    assert sum(m for k, d, m in zip(ref["clipped"], ref["dual"], mask, strict=True) if not k and not d) > 10
+    assert sum(1 for a, m in zip(adv, mask, strict=True) if a > 0 and m) > 10
+    assert sum(1 for a, m in zip(adv, mask, strict=True) if a < 0 and m) > 10
     assert sum(1 for m in mask if m == 0) > 10
 
     loss, metrics = compute_ppo_actor_loss(*inputs, low, high, c)
@@ -300,8 +301,8 @@ def test_gradient_accumulation_matches_full_batch(discrete, k):
     full = full_batch_grads(policy, batch)
     assert all(g.abs().max() > 1e-4 for g in full)  # every parameter gets a gradient worth comparing
     accum = accumulated_grads(policy, batch, k)
-    for (name, _), a, f in zip(policy.named_parameters(), accum, full):
-        torch.testing.assert_close(a, f, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+    for (name, _), a, f in zip(policy.named_parameters(), accum, full, strict=True):
+        torch.testing.assert_close(a, f, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_gradient_accumulation_check_detects_a_missing_division():
@@ -309,6 +310,6 @@ def test_gradient_accumulation_check_detects_a_missing_division():
     policy, batch = make_policy_batch(discrete=False)
     full = full_batch_grads(policy, batch)
     wrong = accumulated_grads(policy, batch, 4, divide=False)
-    for a, f in zip(wrong, full):
+    for a, f in zip(wrong, full, strict=True):
         torch.testing.assert_close(a, 4 * f, atol=1e-6, rtol=1e-5)
-    assert not all(torch.allclose(a, f, atol=1e-6, rtol=1e-5) for a, f in zip(wrong, full))
+    assert not all(torch.allclose(a, f, atol=1e-6, rtol=1e-5) for a, f in zip(wrong, full, strict=True))

@@ -171,7 +171,8 @@ def test_build_policy_takes_dims_from_the_env(tmp_path):
     policy.save_pretrained(tmp_path / "m")
     cfg.model_path = str(tmp_path / "m")
     loaded = build_policy(cfg, obs_dim=OBS_DIM, action_dim=ACTION_DIM, discrete=False)
-    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), loaded.state_dict().values()))
+    pairs = zip(policy.state_dict().values(), loaded.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
     with pytest.raises(ValueError, match="actor.model.model_path"):
         build_policy(cfg, obs_dim=OBS_DIM + 1, action_dim=ACTION_DIM, discrete=False)
     with pytest.raises(ValueError, match="actor.model.model_path"):

@@ -30,7 +30,7 @@ STEP_SIZE = 0.2
 MIN_GOAL_DISTANCE = 0.5
 """Goals are drawn at least this far from the start."""
 _GOAL_CANDIDATES = 16
-"""Goal candidates drawn per reset; the first one far enough from the start is used (a branch-free rejection sampler)."""
+"""Goal candidates drawn per reset; the first one far enough from the start is used (branch-free rejection)."""
 
 
 class FakeReachEnv:

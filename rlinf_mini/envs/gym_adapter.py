@@ -40,7 +40,8 @@ def _make_one(cfg: EnvSplitConfig, key: str) -> gymnasium.Env:
     except gymnasium.error.UnregisteredEnv:
         raise EnvError(f"{key}.init_params.id: unknown gymnasium id {env_id!r}") from None
     except gymnasium.error.Error as e:  # malformed id, missing dependency (e.g. box2d), ...
-        raise EnvError(f"{key}.init_params.id: cannot make gymnasium env {env_id!r}: {str(e).splitlines()[0]}") from None
+        first_line = str(e).splitlines()[0]
+        raise EnvError(f"{key}.init_params.id: cannot make gymnasium env {env_id!r}: {first_line}") from None
 
 
 def _spec_of(env: gymnasium.Env, cfg: EnvSplitConfig, key: str) -> EnvSpec:
@@ -108,7 +109,7 @@ class GymnasiumVectorEnv:
 
     def chunk_step(self, actions: torch.Tensor):
         """Execute C actions open loop. actions [B, C, A] (Box) or [B, C] (Discrete) -> (obs [B, obs_dim],
-        rewards [B, C], terminations [B, C], truncations [B, C], episode_stats); rules in rlinf_mini/envs/__init__.py."""
+        rewards [B, C], terminations [B, C], truncations [B, C], episode_stats); rules: rlinf_mini/envs/__init__.py."""
         B, C = self.num_envs, self.num_action_chunks
         want = (B, C) if self.spec.discrete else (B, C, self.spec.action_dim)
         if tuple(actions.shape) != want:
