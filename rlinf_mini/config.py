@@ -116,7 +116,7 @@ class AlgorithmConfig:
     clip_ratio_c: float = 3.0
     """Dual clip (> 1): for negative advantages the loss is capped at -A * clip_ratio_c."""
     value_clip: float = 0.2
-    """Clipped value loss: new values may move at most this far from the rollout's values."""
+    """Clipped value loss: new values may move at most this far from the rollout's values (<= 0: no clipping)."""
     value_loss_coef: float = 0.5
     """rlinf_mini: weight of the value loss in the total loss."""
     entropy_bonus: float = 0.0
@@ -487,7 +487,7 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
     for key, value in positive.items():
         if value <= 0:
             fail(key, f"must be positive, got {value}")
-    for key in ("clip_ratio_low", "clip_ratio_high", "value_clip", "entropy_bonus", "value_loss_coef"):
+    for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef"):
         if getattr(cfg.algorithm, key) < 0:
             fail(f"algorithm.{key}", f"must be >= 0, got {getattr(cfg.algorithm, key)}")
     if cfg.cluster.num_nodes != 1:

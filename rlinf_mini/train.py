@@ -102,10 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkerError, WorkerDiedError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    evals = [h["eval/success_once"] for h in history if "eval/success_once" in h]
+    evals = [h for h in history if "eval/success_once" in h]
+    summary = f"done: {len(history)} steps logged in {plan.run_dir}/metrics.jsonl"
     if evals:
-        print(f"done: {len(history)} log lines in {plan.run_dir}; eval success {evals[0]:.2f} -> {evals[-1]:.2f}",
-              file=sys.stderr)
+        first, last = evals[0], evals[-1]
+        summary += (f"; eval success {first['eval/success_once']:.2f} -> {last['eval/success_once']:.2f}, "
+                    f"eval return {first['eval/return']:.3g} -> {last['eval/return']:.3g}")
+    print(summary, file=sys.stderr)
     return 0
 
 

@@ -70,7 +70,9 @@ def compute_ppo_actor_loss(logprobs, old_logprobs, advantages, loss_mask, clip_r
 
 def compute_critic_loss(values, old_values, returns, loss_mask, value_clip: float
                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped value loss. All inputs [N]."""
+    """Clipped value loss. All inputs [N]. value_clip <= 0 turns the clipping off (SB3's default)."""
+    if value_clip <= 0:
+        value_clip = float("inf")
     values_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
     v_losses = torch.maximum((values - returns) ** 2, (values_clipped - returns) ** 2)
     with torch.no_grad():
