@@ -232,3 +232,16 @@ def test_get_set_state_continues_bitwise(cfg):
     assert_same(rollout([resumed], 20, start=10, reset=False), expected)
     with pytest.raises(ValueError, match="other env ids"):
         make_env(cfg, torch.arange(4), 2).set_state(env.get_state())
+
+
+@pytest.mark.parametrize("cfg", [gym_cfg("CartPole-v1"), gym_cfg("Pendulum-v1")])
+def test_gym_output_dtypes_and_no_aliasing(cfg):
+    """The contract's dtypes, and returned tensors are copies: editing them does not change the env."""
+    env = make_env(cfg, torch.arange(3), 2)
+    obs0 = env.reset()
+    obs, r, term, trunc, stats = env.chunk_step(fixed_actions(env, 0))
+    assert (obs0.dtype, obs.dtype, r.dtype, term.dtype, trunc.dtype) == (torch.float32,) * 3 + (torch.bool,) * 2
+    assert all(v.dtype == torch.float32 for v in stats.values())
+    saved = obs.clone()
+    obs0.add_(1.0), obs.add_(1.0)
+    assert torch.equal(env.get_state()["obs"], saved)

@@ -1,6 +1,6 @@
 """GymnasiumVectorEnv: B gymnasium envs (any installed id with a 1-D Box obs) behind the chunk_step contract.
 
-The B envs are stepped one by one in a Python loop: slow, but every line is visible. gymnasium's own vector envs are
+The B envs are stepped one by one in a Python loop: serial, but every line is visible. gymnasium's own vector envs are
 not used because their autoreset semantics changed across versions (1.0 made "next-step" autoreset the default, where
 the step after a done returns the reset obs and ignores the action), and the chunk contract in
 rlinf_mini/envs/__init__.py needs its own masking anyway.
@@ -78,18 +78,21 @@ class GymnasiumVectorEnv:
         self.num_action_chunks = num_action_chunks
         self.envs = [_make_one(cfg, key) for _ in range(self.num_envs)]
         self.spec = _spec_of(self.envs[0], cfg, key)
+        # Per-env bookkeeping lives in numpy / Python lists, not torch: indexing a torch tensor costs microseconds per
+        # scalar, which made the Python loop ~5x slower than the envs themselves. Tensors are built once per call.
         B = self.num_envs
-        self.obs = torch.zeros(B, self.spec.obs_dim)  # [B, obs_dim] latest obs of every sub-env
-        self.elapsed = torch.zeros(B, dtype=torch.int64)  # steps taken in the current episode
-        self.episode_return = torch.zeros(B, dtype=torch.float64)  # sum of the current episode's rewards
-        self.num_resets = torch.zeros(B, dtype=torch.int64)  # episodes started so far
-        self.finished = torch.zeros(B, dtype=torch.bool)  # auto_reset False: done until the next reset()
+        self._seed_ids = self.env_ids.tolist()
+        self.obs = np.zeros((B, self.spec.obs_dim), dtype=np.float32)  # [B, obs_dim] latest obs of every sub-env
+        self.elapsed = [0] * B  # steps taken in the current episode
+        self.episode_return = [0.0] * B  # sum of the current episode's rewards (Python floats are float64)
+        self.num_resets = [0] * B  # episodes started so far
+        self.finished = [False] * B  # auto_reset False: done until the next reset()
 
     def _reset_one(self, b: int) -> None:
-        first = int(self.num_resets[b]) == 0 or self.cfg.use_fixed_reset_state_ids
-        seed = self.cfg.seed + int(self.env_ids[b]) // self.cfg.group_size if first else None
+        first = self.num_resets[b] == 0 or self.cfg.use_fixed_reset_state_ids
+        seed = self.cfg.seed + self._seed_ids[b] // self.cfg.group_size if first else None
         obs, _ = self.envs[b].reset(seed=seed)
-        self.obs[b] = torch.as_tensor(obs, dtype=torch.float32)
+        self.obs[b] = obs  # numpy casts to float32 with the same rounding as torch
         self.elapsed[b] = 0
         self.episode_return[b] = 0.0
         self.num_resets[b] += 1
@@ -99,13 +102,15 @@ class GymnasiumVectorEnv:
         """Start a new episode in every sub-env (a new reset round). Returns obs [B, obs_dim]."""
         for b in range(self.num_envs):
             self._reset_one(b)
-        return self.obs.clone()
+        return torch.from_numpy(self.obs.copy())
 
-    def _env_action(self, action: torch.Tensor):
+    def _env_actions(self, actions: torch.Tensor):
+        """All B*C actions in the form env.step takes, converted in one go: [B][C] ints, or [B, C, A] clipped."""
+        actions = actions.detach().cpu()
         if self.spec.discrete:
-            return int(action)
+            return actions.to(torch.int64).tolist()  # int64 cast truncates like int(tensor) did
         space = self.envs[0].action_space
-        return np.clip(action.numpy().astype(space.dtype), space.low, space.high)
+        return np.clip(actions.numpy().astype(space.dtype), space.low, space.high)
 
     def chunk_step(self, actions: torch.Tensor):
         """Execute C actions open loop. actions [B, C, A] (Box) or [B, C] (Discrete) -> (obs [B, obs_dim],
@@ -114,9 +119,10 @@ class GymnasiumVectorEnv:
         want = (B, C) if self.spec.discrete else (B, C, self.spec.action_dim)
         if tuple(actions.shape) != want:
             raise ValueError(f"GymnasiumVectorEnv.chunk_step: actions must be {list(want)}, got {list(actions.shape)}")
-        rewards = torch.zeros(B, C)
-        terminations = torch.zeros(B, C, dtype=torch.bool)
-        truncations = torch.zeros(B, C, dtype=torch.bool)
+        env_actions = self._env_actions(actions)
+        rewards = np.zeros((B, C), dtype=np.float32)
+        terminations = np.zeros((B, C), dtype=bool)
+        truncations = np.zeros((B, C), dtype=bool)
         ended_in_chunk = [False] * B  # later sub-steps of these rows are masked
         stats: dict[str, list[float]] = {"return": [], "episode_len": [], "success_once": []}
         for c in range(C):
@@ -125,9 +131,9 @@ class GymnasiumVectorEnv:
             for b in range(B):
                 if self.finished[b]:
                     continue
-                obs, reward, terminated, truncated, info = self.envs[b].step(self._env_action(actions[b, c]))
+                obs, reward, terminated, truncated, info = self.envs[b].step(env_actions[b][c])
                 truncated = truncated and not terminated
-                self.obs[b] = torch.as_tensor(obs, dtype=torch.float32)
+                self.obs[b] = obs
                 self.elapsed[b] += 1
                 self.episode_return[b] += float(reward)
                 if not ended_in_chunk[b]:
@@ -136,7 +142,7 @@ class GymnasiumVectorEnv:
                     truncations[b, c] = truncated
                 if terminated or truncated:
                     ended_in_chunk[b] = True
-                    stats["return"].append(float(self.episode_return[b]))
+                    stats["return"].append(self.episode_return[b])
                     stats["episode_len"].append(float(self.elapsed[b]))
                     stats["success_once"].append(float(info.get("is_success", False)))
                     if self.cfg.auto_reset:
@@ -144,14 +150,18 @@ class GymnasiumVectorEnv:
                     else:
                         self.finished[b] = True
         episode_stats = {k: torch.tensor(v, dtype=torch.float32) for k, v in stats.items()}
-        return self.obs.clone(), rewards, terminations, truncations, episode_stats
+        obs = torch.from_numpy(self.obs.copy())  # a copy: self.obs keeps changing on the next call
+        rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
+        return obs, rewards, terminations, truncations, episode_stats
 
     def get_state(self) -> dict:
         """Plain tensors, ints and strings (torch.load(weights_only=True) reads it back); limits in the module doc."""
         return {
-            "env_ids": self.env_ids.clone(), "obs": self.obs.clone(), "elapsed": self.elapsed.clone(),
-            "episode_return": self.episode_return.clone(), "num_resets": self.num_resets.clone(),
-            "finished": self.finished.clone(),
+            "env_ids": self.env_ids.clone(), "obs": torch.from_numpy(self.obs.copy()),
+            "elapsed": torch.tensor(self.elapsed, dtype=torch.int64),
+            "episode_return": torch.tensor(self.episode_return, dtype=torch.float64),
+            "num_resets": torch.tensor(self.num_resets, dtype=torch.int64),
+            "finished": torch.tensor(self.finished, dtype=torch.bool),
             "rng_states": [env.unwrapped.np_random.bit_generator.state for env in self.envs],
             "sim_states": [torch.as_tensor(np.array(env.unwrapped.state)) if hasattr(env.unwrapped, "state")
                            else None for env in self.envs],
@@ -161,14 +171,15 @@ class GymnasiumVectorEnv:
         if not torch.equal(state["env_ids"], self.env_ids):
             raise ValueError("GymnasiumVectorEnv.set_state: the state was saved for other env ids")
         for b, env in enumerate(self.envs):
-            if int(self.num_resets[b]) == 0:
+            if self.num_resets[b] == 0:
                 env.reset()  # gymnasium's OrderEnforcing wrapper refuses step() before a reset()
             env.unwrapped.np_random.bit_generator.state = state["rng_states"][b]
             if state["sim_states"][b] is not None:
                 env.unwrapped.state = state["sim_states"][b].numpy().copy()
             _time_limit(env)._elapsed_steps = int(state["elapsed"][b])
-        for key in ("obs", "elapsed", "episode_return", "num_resets", "finished"):
-            setattr(self, key, state[key].clone())
+        self.obs = state["obs"].numpy().astype(np.float32, copy=True)
+        for key in ("elapsed", "episode_return", "num_resets", "finished"):
+            setattr(self, key, state[key].tolist())
 
     def close(self) -> None:
         for env in self.envs:
