@@ -66,8 +66,8 @@ def run_ours(config: str, seed: int, max_epochs: int | None) -> dict:
         stamps: list[tuple[float, dict]] = []
         stop = threading.Event()
         t0 = time.monotonic()
-        watcher = threading.Thread(target=_stamp_lines, args=(Path(log_path) / "run" / "metrics.jsonl", t0, stamps, stop),
-                                   daemon=True)
+        metrics_file = Path(log_path) / "run" / "metrics.jsonl"
+        watcher = threading.Thread(target=_stamp_lines, args=(metrics_file, t0, stamps, stop), daemon=True)
         watcher.start()
         rc = main(argv)
         total_s = time.monotonic() - t0
