@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import torch
 from conftest import write_config
 
@@ -60,3 +67,40 @@ def test_checkpoint_folder_is_complete_or_absent(tmp_path):
     assert not list((run_dir / "checkpoints").glob(".*tmp"))
     (run_dir / "checkpoints" / ".global_step_9.tmp").mkdir()  # an interrupted write is never picked up
     assert find_latest_checkpoint(run_dir) == ckpt
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cmdline = (stat.parent / "cmdline").read_bytes() if (stat.parent / "cmdline").exists() else b""
+        if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:  # workers, not the tracker
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_ctrl_c_stops_every_worker_and_keeps_the_last_checkpoint(tmp_path):
+    path = write_config(tmp_path, **RUN)
+    cmd = [sys.executable, "-m", "rlinf_mini.train", "--config", str(path), "--runner.max-epochs", "1000",
+           "--runner.logger.log-path", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    run_dir = tmp_path / "run" / "embodied"
+    deadline = time.monotonic() + 60
+    while find_latest_checkpoint(run_dir) is None if (run_dir / "checkpoints").is_dir() else True:
+        assert time.monotonic() < deadline and proc.poll() is None, "the run did not reach its first checkpoint"
+        time.sleep(0.2)
+    workers = _children_of(proc.pid)
+    assert len(workers) == 3  # env, rollout, actor
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 10
+    assert proc.returncode == 130 and "interrupted: all workers stopped" in err
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    ckpt = find_latest_checkpoint(run_dir)
+    state = torch.load(ckpt / "actor" / "actor.pt", weights_only=True)  # complete and loadable
+    assert state["model"] and json.loads((ckpt / "runner.json").read_text())["global_step"] >= 2
