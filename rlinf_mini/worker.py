@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import queue
 import signal
 import sys
@@ -126,7 +127,7 @@ class WorkerGroup:
         try:
             item = self._result_queue.get(timeout=block_s) if block_s else self._result_queue.get_nowait()
             while True:
-                call_id, rank, ok, value = item
+                call_id, rank, ok, value = item if isinstance(item, tuple) else pickle.loads(item)
                 if call_id == 0 and not ok:  # the worker's constructor raised; the process is exiting
                     raise WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
                 self._results.setdefault(call_id, {})[rank] = (ok, value)
@@ -224,7 +225,8 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         import torch
         import torch.multiprocessing  # noqa: F401  (registers tensor sharing for the result queue)
 
-        torch.set_num_threads(max(1, len(cores or [])) if cores else torch.get_num_threads())
+        if cores:
+            torch.set_num_threads(len(cores))
         cls = getattr(importlib.import_module(cls_module), cls_name)
         worker = cls.__new__(cls)
         worker._rank, worker._world_size = rank, int(os.environ["WORLD_SIZE"])
@@ -236,6 +238,8 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         result_queue.close()
         result_queue.join_thread()
         sys.exit(1)
+
+    from multiprocessing.reduction import ForkingPickler
 
     from rlinf_mini.channel import close_process_resources
 
@@ -254,7 +258,13 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
                 result = (True, getattr(worker, method)(*margs, **mkwargs))
             except BaseException:
                 result = (False, traceback.format_exc())
-            result_queue.put((call_id, rank, *result))
+            try:
+                # Pickled here, not in the queue's feeder thread, where a failure would be printed and dropped.
+                payload = bytes(ForkingPickler.dumps((call_id, rank, *result)))
+            except Exception:
+                why = f"the result of {method}() cannot be pickled:\n{traceback.format_exc()}"
+                payload = bytes(ForkingPickler.dumps((call_id, rank, False, why)))
+            result_queue.put(payload)
     finally:
         try:
             worker.close()

@@ -69,6 +69,15 @@ def test_worker_exception_reaches_driver_with_group_rank_and_traceback(echo):
     assert echo.info().wait()[1]["rank"] == 1  # the worker survives its exception
 
 
+def test_unpicklable_result_is_an_error_not_a_hang(echo):
+    with pytest.raises(WorkerError, match=r"(?s)Echo rank 0 raised in unpicklable\(\).*cannot be pickled"):
+        echo.unpicklable().wait(timeout=10)
+
+
+def test_results_carry_tensors(echo):
+    assert torch.equal(echo.execute_on(0).add(torch.ones(3)).wait()[0], torch.ones(3))
+
+
 def test_wait_timeout_names_the_call_and_the_ranks(echo):
     with pytest.raises(TimeoutError, match=r"Echo.sleep\(\) did not return from rank\(s\) \[0, 1\]"):
         echo.sleep(1.5).wait(timeout=0.3)
