@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import write_config
 
@@ -37,11 +38,20 @@ def train(tmp_path, log_dir, steps: int, resume: str | None = None):
     return plan.run_dir
 
 
-def test_resume_continues_bitwise(tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """4 steps straight, and 2 steps + resume + 2 steps; the tests below read their folders."""
+    tmp_path = tmp_path_factory.mktemp("runs")
     straight = train(tmp_path, tmp_path / "straight", steps=4)
     split = train(tmp_path, tmp_path / "split", steps=2)
-    assert find_latest_checkpoint(split).name == "global_step_2"
+    first_half = find_latest_checkpoint(split)
     train(tmp_path, tmp_path / "split", steps=4, resume="auto")
+    return straight, split, first_half
+
+
+def test_resume_continues_bitwise(runs):
+    straight, split, first_half = runs
+    assert first_half.name == "global_step_2"
 
     a = torch.load(straight / "checkpoints/global_step_4/actor/actor.pt", weights_only=True)
     b = torch.load(split / "checkpoints/global_step_4/actor/actor.pt", weights_only=True)
@@ -59,12 +69,13 @@ def test_resume_continues_bitwise(tmp_path):
     assert logged(straight) == logged(split)
 
 
-def test_checkpoint_folder_is_complete_or_absent(tmp_path):
-    run_dir = train(tmp_path, tmp_path / "one", steps=2)
+def test_checkpoint_folder_is_complete_or_absent(runs):
+    run_dir = runs[0]
     ckpt = find_latest_checkpoint(run_dir)
     assert sorted(p.name for p in ckpt.iterdir()) == ["actor", "env.pt", "runner.json"]
     assert (ckpt / "actor" / "model" / "config.json").is_file()  # an HF-style folder actor.model.model_path can use
     assert not list((run_dir / "checkpoints").glob(".*tmp"))
+    assert ckpt.name == "global_step_4" and (run_dir / "checkpoints" / "global_step_2").is_dir()
     (run_dir / "checkpoints" / ".global_step_9.tmp").mkdir()  # an interrupted write is never picked up
     assert find_latest_checkpoint(run_dir) == ckpt
 
