@@ -494,6 +494,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("cluster.num_nodes", f"the local backend runs on one machine, got {cfg.cluster.num_nodes}")
     if cfg.env.train.group_size != cfg.algorithm.group_size:
         fail("env.train.group_size", f"{cfg.env.train.group_size} != algorithm.group_size={cfg.algorithm.group_size}")
+    if cfg.algorithm.adv_type == "grpo" and cfg.algorithm.group_size < 2:
+        fail("algorithm.group_size", f"GRPO normalizes within groups: needs >= 2, got {cfg.algorithm.group_size}")
     if cfg.algorithm.adv_type == "gae" and not cfg.actor.model.add_value_head:
         fail("actor.model.add_value_head", "adv_type 'gae' needs a value head")
     if cfg.algorithm.loss_type == "actor_critic" and not cfg.actor.model.add_value_head:

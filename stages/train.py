@@ -199,7 +199,7 @@ class ActorWorker(Worker):
                              if cfg.optim.clip_grad > 0 else _grad_norm(self.policy))
                 totals["actor/grad_norm"] = totals.get("actor/grad_norm", 0.0) + float(grad_norm) * accum
                 self.optimizer.step()
-        result = torch.tensor([totals[k] / count for k in sorted(totals)])
+        result = torch.tensor([totals[k] / count for k in sorted(totals)], device=self.device)  # nccl: on the GPU
         result = self._all_reduce(result) / self._world_size
         out = {f"train/{k}": float(v) for k, v in zip(sorted(totals), result, strict=True)}
         out["train/lr"] = cfg.optim.lr
