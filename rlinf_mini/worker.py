@@ -213,6 +213,7 @@ def _die_with_parent() -> None:
 def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: list[int] | None,
                 cmd_queue, result_queue) -> None:
     """Entry point of a worker process. The environment (CUDA_VISIBLE_DEVICES, RANK, ...) was set at spawn."""
+    torch_before_pinning = "torch" in sys.modules  # must stay False: tests check that pinning came first
     _die_with_parent()
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the driver, which stops the workers
@@ -231,6 +232,7 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         worker = cls.__new__(cls)
         worker._rank, worker._world_size = rank, int(os.environ["WORLD_SIZE"])
         worker._group_name = os.environ["RLINF_MINI_GROUP"]
+        worker._torch_before_pinning = torch_before_pinning
         worker.device = torch.device("cuda:0" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
         worker.__init__(cfg, *args)
     except BaseException:

@@ -383,6 +383,7 @@ BAD_YAML = {  # id -> (sections merged into embodied.yaml, a string the error mu
     "unknown_logger_backend": ({"runner": {"logger": {"logger_backends": ["wandb"]}}},
                                "runner.logger.logger_backends"),
     "group_size_mismatch": ({"algorithm": {"group_size": 2}}, "env.train.group_size"),
+    "grpo_group_of_one": ({"algorithm": {"adv_type": "grpo", "loss_type": "actor"}}, "algorithm.group_size"),
 }
 
 

@@ -45,7 +45,7 @@ def small_cfg(tmp_path, placement: dict | None, num_devices: int | None, stages:
 GRPO = {"algorithm": {"adv_type": "grpo", "loss_type": "actor", "group_size": 4},
         "env": {"train": {"group_size": 4, "auto_reset": False}}, "actor": {"model": {"add_value_head": False}}}
 REINPP = {"algorithm": {"adv_type": "reinpp", "loss_type": "actor", "group_size": 2, "use_reinpp_baseline": True},
-          "env": {"train": {"group_size": 2}}}
+          "env": {"train": {"group_size": 2}}, "runner": {"weight_sync_interval": 2}}
 
 
 TENSORBOARD = {"runner": {"logger": {"logger_backends": ["tensorboard"]}}}
@@ -81,7 +81,10 @@ def test_same_config_trains_under_every_placement(tmp_path, base, placement, mod
             assert math.isfinite(h[key]), key
         chunk_steps = 8 // cfg.actor.model.num_action_chunks
         assert h["rollout/samples"] == 16 * (chunk_steps + 1)  # T chunk steps + the bootstrap-value inference
-        assert h["rollout/staleness"] == 0.0  # synchronous: trajectories come from the current weights
+        # trajectories carry the version of the weights that produced them: with weight_sync_interval 2 the
+        # second step still runs on the weights of step 0
+        stale = (h["step"] - 1) % cfg.runner.weight_sync_interval
+        assert h["rollout/staleness"] == stale
     assert "eval/success_once" in history[-1]
     assert read_metrics(plan.run_dir / "metrics.jsonl")[-1]["step"] == 2
     assert (plan.run_dir / "checkpoints" / "global_step_2" / "runner.json").is_file()

@@ -45,6 +45,7 @@ def test_processes_are_pinned_to_their_virtual_device(cluster, echo):
         assert info["cores"] == cluster.device_cores(info["rank"])
         assert info["threads"] == len(info["cores"])
         assert info["cuda_visible"] == ""  # no GPU: CUDA is hidden, the device is a CPU share
+        assert info["torch_before_pinning"] is False  # pinned and configured before torch was imported
 
 
 def test_execute_on_selects_ranks_for_one_call(echo):
