@@ -47,7 +47,8 @@ class EmbodiedRunner:
         # env <-> rollout queues hold at most one message per (mode, env rank, stage) key in flight, plus slack
         self.env_channel = Channel.create(f"{cfg.env.group_name}.Env", cluster, maxsize=stages + 1)
         self.rollout_channel = Channel.create(f"{cfg.rollout.group_name}.Rollout", cluster, maxsize=stages + 1)
-        self.actor_channel = Channel.create(f"{cfg.actor.group_name}.Actor", cluster, maxsize=0)
+        # one trajectory piece per key per step (keys are piece indices)
+        self.actor_channel = Channel.create(f"{cfg.actor.group_name}.Actor", cluster, maxsize=1)
         self.global_step = 0
         self.max_steps = cfg.runner.num_steps
         self.timings: dict[str, float] = {}
