@@ -132,7 +132,7 @@ def test_command_line_overrides_yaml(tmp_path):
         "--cluster.component-placement.actor", "1",
         "--runner.no-progress-bar",
         "--runner.resume-dir", "auto",
-        "--algorithm.adv-type", "grpo",
+        "--algorithm.adv-type", "reinpp",
     ])
     assert cfg.actor.optim.lr == 0.1 and cfg.actor.optim.value_lr == 0.001  # CLI wins; the YAML's other key stays
     assert cfg.env.train.init_params.goal_radius == 0.5 and cfg.env.train.init_params.dim == 2
@@ -140,7 +140,7 @@ def test_command_line_overrides_yaml(tmp_path):
     assert cfg.runner.logger.logger_backends == ["tensorboard"]
     assert cfg.cluster.component_placement == {"env": "0", "rollout": "1", "actor": "1"}
     assert cfg.runner.progress_bar is False and cfg.runner.resume_dir == "auto"
-    assert cfg.algorithm.adv_type == "grpo"
+    assert cfg.algorithm.adv_type == "reinpp"
 
 
 def test_config_flag_with_an_equals_sign(tmp_path):
