@@ -50,6 +50,7 @@ class EmbodiedRunner:
         # one trajectory piece per key per step (keys are piece indices)
         self.actor_channel = Channel.create(f"{cfg.actor.group_name}.Actor", cluster, maxsize=1)
         self.global_step = 0
+        self.rollout_version = -1  # the weight version the rollout holds (-1: none yet)
         self.max_steps = cfg.runner.num_steps
         self.timings: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
@@ -78,12 +79,16 @@ class EmbodiedRunner:
     # --- the four phases -----------------------------------------------------------------------------------------
 
     def update_rollout_weights(self) -> dict[str, float]:
+        """Send the actor's weights to every rollout rank, unless the rollout already holds this version."""
         version = self.global_step  # number of optimizer steps behind the actor's weights
+        if version == self.rollout_version:
+            return {}
         receive = self.rollout.sync_model_from_actor(version)
         send = self.actor.sync_model_to_rollout(self.weight_handles, version)
-        sent = send.wait()[0]
+        sent = send.wait()[0]  # actor rank 0's "sync/*" figures
         receive.wait()
-        return {f"sync/{k.split('/', 1)[1]}": v for k, v in sent.items()}
+        self.rollout_version = version
+        return sent
 
     def generate_rollouts(self) -> dict[str, float]:
         env_run = self.env.interact(self.rollout_channel, self.env_channel, self.actor_channel, self.global_step)
@@ -118,22 +123,18 @@ class EmbodiedRunner:
 
             bar = tqdm(total=self.max_steps, initial=self.global_step, desc="train", file=sys.stderr,
                        dynamic_ncols=True)
-        weights_version = -1
-        if self.global_step == 0 and cfg.val_before_train and cfg.val_check_interval > 0:
-            self.update_rollout_weights()
-            weights_version = 0
-            metrics = self.evaluate()
-            self._log(metrics, step=0, bar=bar)
         try:
+            if self.global_step == 0 and cfg.val_before_train and cfg.val_check_interval > 0:
+                self.update_rollout_weights()
+                self._log(self.evaluate(), step=0, bar=bar)
             while self.global_step < self.max_steps:
                 self.timings = {}
                 metrics: dict[str, float] = {}
                 with self.timer("step"):
                     self.actor.set_global_step(self.global_step).wait()
                     with self.timer("sync_weights"):
-                        if self.global_step % cfg.weight_sync_interval == 0 and weights_version != self.global_step:
+                        if self.global_step % cfg.weight_sync_interval == 0:
                             metrics |= self.update_rollout_weights()
-                            weights_version = self.global_step
                     with self.timer("generate_rollouts"):
                         metrics |= self.generate_rollouts()
                     with self.timer("cal_adv_and_returns"):
@@ -146,7 +147,6 @@ class EmbodiedRunner:
                 if self._due(cfg.val_check_interval):
                     with self.timer("eval"):
                         self.update_rollout_weights()
-                        weights_version = self.global_step
                         metrics |= self.evaluate()
                     metrics["time/eval"] = self.timings["time/eval"]
                 if self._due(cfg.save_interval):

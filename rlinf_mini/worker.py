@@ -127,7 +127,7 @@ class WorkerGroup:
         try:
             item = self._result_queue.get(timeout=block_s) if block_s else self._result_queue.get_nowait()
             while True:
-                call_id, rank, ok, value = item if isinstance(item, tuple) else pickle.loads(item)
+                call_id, rank, ok, value = pickle.loads(item)
                 if call_id == 0 and not ok:  # the worker's constructor raised; the process is exiting
                     raise WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
                 self._results.setdefault(call_id, {})[rank] = (ok, value)
@@ -236,7 +236,7 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         worker.device = torch.device("cuda:0" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
         worker.__init__(cfg, *args)
     except BaseException:
-        result_queue.put((0, rank, False, traceback.format_exc()))
+        result_queue.put(pickle.dumps((0, rank, False, traceback.format_exc())))
         result_queue.close()
         result_queue.join_thread()
         sys.exit(1)

@@ -28,6 +28,7 @@ Next stage: `stages/advantages.py`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import time
 
@@ -193,7 +194,7 @@ class RolloutWorker(Worker):
         spec = get_env_spec(self.cfg.env.train)
         model_cfg = self.cfg.actor.model
         if self.cfg.rollout.model.model_path:
-            model_cfg = type(model_cfg)(**{**vars(model_cfg), "model_path": self.cfg.rollout.model.model_path})
+            model_cfg = dataclasses.replace(model_cfg, model_path=self.cfg.rollout.model.model_path)
         self.spec = spec
         self.model = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete).to(self.device).eval()
         self.receiver = WeightReceiver(self.model)
