@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))  # `stages` and `tests.toy_workers` import from a 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def write_config(tmp_path: Path, base: str = "configs/embodied.yaml", **sections) -> Path:
+def write_config(tmp_path: Path, base: str = "configs/embodied_mlp.yaml", **sections) -> Path:
     """A copy of `base` with nested overrides: write_config(p, actor={"optim": {"lr": 0.1}})."""
 
     def merge(into: dict, new: dict) -> None:

@@ -25,7 +25,7 @@ SMALL = dict(  # 2 training steps of 16 envs x 8 chunk steps: a few seconds per 
 
 
 def small_cfg(tmp_path, placement: dict | None, num_devices: int | None, stages: int | None,
-              base: str = "configs/embodied.yaml", **extra):
+              base: str = "configs/embodied_mlp.yaml", **extra):
     """A 2-step version of `base`; placement / num_devices / stages None keep the base file's values."""
     sections = {k: dict(v) for k, v in SMALL.items()}
     if placement is not None:
@@ -57,8 +57,8 @@ CHUNKS = {"actor": {"model": {"num_action_chunks": 2}}}
     [
         ("configs/embodied_collocated.yaml", None, PlacementMode.COLLOCATED, 2, 1, CHUNKS),
         ("configs/embodied_disaggregated.yaml", None, PlacementMode.DISAGGREGATED, 1, 2, GRPO),
-        ("configs/embodied.yaml", None, PlacementMode.HYBRID, 2, 2, TENSORBOARD),
-        ("configs/embodied.yaml", {"env,rollout": "0", "actor": "0-1:0"}, PlacementMode.HYBRID, 1, 2, REINPP),
+        ("configs/embodied_mlp.yaml", None, PlacementMode.HYBRID, 2, 2, TENSORBOARD),
+        ("configs/embodied_mlp.yaml", {"env,rollout": "0", "actor": "0-1:0"}, PlacementMode.HYBRID, 1, 2, REINPP),
     ],
     ids=["collocated-2actors-1stage-ppo-chunks2", "disaggregated-1actor-2stages-grpo", "hybrid-2actors-2stages-ppo",
          "hybrid-1actor-2stages-reinpp"],
