@@ -399,10 +399,11 @@ def _one_line_tyro_error(text: str) -> str:
     return lines[1] if len(lines) > 1 else (lines[0] if lines else "invalid command line")
 
 
-def load_config(argv: list[str] | None = None) -> TrainConfig:
+def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainConfig:
     """Parse `[--config FILE] [--section.key VALUE ...]` into a validated TrainConfig.
 
     Raises ConfigError (one line, naming the key and the file) on bad input; `--help` prints every key and exits.
+    `validate=False` skips `validate_config` (the types are still checked): `--explain` reports what breaks itself.
     """
     import tyro  # imported here so that reading YAML alone (tests, tutorials) stays light
 
@@ -423,7 +424,8 @@ def load_config(argv: list[str] | None = None) -> TrainConfig:
             cfg = tyro.cli(TrainConfig, default=default, args=argv)
     except SystemExit:
         raise ConfigError(f"command line: {_one_line_tyro_error(captured.getvalue())}") from None
-    validate_config(cfg, f"{source} + command line" if argv else source)
+    if validate:
+        validate_config(cfg, f"{source} + command line" if argv else source)
     return cfg
 
 

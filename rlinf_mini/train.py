@@ -3,6 +3,7 @@
     python -m rlinf_mini.train --config configs/embodied.yaml                      # CPU fake env, a few minutes
     python -m rlinf_mini.train --config configs/cartpole.yaml --runner.max-epochs 50
     python -m rlinf_mini.train --config configs/embodied.yaml --help               # every key, with its meaning
+    python -m rlinf_mini.train --config configs/embodied.yaml --explain            # the plan; starts nothing
 
 Bad input (an unknown key, a wrong type, a bad placement, batch sizes that do not divide) is one line on stderr and
 exit code 2, before any worker process starts. A failing worker is reported with its group, rank and traceback, and
@@ -74,6 +75,10 @@ def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--explain" in argv:  # not a config key: print the plan (rlinf_mini/explain.py) and start nothing
+        from rlinf_mini.explain import main as explain_main
+
+        return explain_main([a for a in argv if a != "--explain"])
     try:
         cfg = load_config(argv)  # imports only yaml and tyro: --help and config errors answer at once
     except ConfigError as e:
