@@ -1,0 +1,187 @@
+# %% [markdown]
+# # 01 — Placement: which device runs which rank
+#
+# Run it: `python tutorials/01_placement.py` (a few seconds; it starts no process). Every stated fact is an `assert`
+# in the cell after it.
+#
+# ## What this stage does, and why RLinf has it
+#
+# Before anything starts, the config's `cluster.component_placement` says, for each component (env, rollout,
+# actor), which devices its processes run on. One string per key, in RLinf's grammar: `0-3` is four processes on
+# devices 0..3, `all` is one per device, `0-3:0-7` is eight processes two per device, `0-3:0-1` is two processes
+# owning two devices each. A key may name several components (`"env,rollout,actor": all`): each gets its own
+# worker group, on the same devices.
+#
+# RLinf has it because the best layout depends on the hardware and the task, and changing it should be a config
+# edit, not a code change: **collocated** (every component on every device, taking turns), **disaggregated** (each
+# on its own devices, running at the same time and overlapping through pipelining), or **hybrid** (a mix: in
+# RLinf's flagship embodied configs env and rollout run on separate GPUs, pipelined, and the actor trains on all).
+#
+# ## The code to read
+#
+# - `stages/placement.py`: `_parse_placement` (one string → the devices of each process),
+#   `ComponentPlacement.__init__` (every key), `_classify` (the mode), `describe` (the map printed below),
+#   `HybridComponentPlacement` (the embodied one: exactly env, rollout and actor).
+# - `rlinf_mini/cluster.py::Cluster.device_cores` and `allocate`: a device is a GPU (`CUDA_VISIBLE_DEVICES=d` is set
+#   before torch loads in the process) or, without a GPU, a share of the CPU cores.
+
+# %%
+from workbench import OUT, ROOT, check_exercise, matches
+
+from stages.placement import ComponentPlacement, HybridComponentPlacement, PlacementMode
+
+# %% [markdown]
+# ## Run it
+#
+# The three modes, on four devices:
+
+# %%
+LAYOUTS = {
+    "collocated": {"env,rollout,actor": "all"},
+    "disaggregated": {"env": "0", "rollout": "1", "actor": "2-3"},
+    "hybrid": {"env": "0-1", "rollout": "2-3", "actor": "all"},
+}
+placements = {name: HybridComponentPlacement(layout, num_devices=4) for name, layout in LAYOUTS.items()}
+for name, placement in placements.items():
+    print(f"--- {name}: {LAYOUTS[name]}\n{placement.describe()}")
+
+# %% [markdown]
+# ## What you should see
+#
+# - Collocated: every device runs one rank of each component (4 env, 4 rollout, 4 actor ranks); the mode is
+#   collocated.
+# - Disaggregated: no device holds two components; the actor has 2 ranks on devices 2 and 3.
+# - Hybrid: env ranks on devices 0-1, rollout ranks on 2-3, and actor rank d on device d for every device.
+
+# %%
+assert placements["collocated"].placement_mode == PlacementMode.COLLOCATED
+assert all(placements["collocated"].get_world_size(c) == 4 for c in ("env", "rollout", "actor"))
+assert placements["disaggregated"].placement_mode == PlacementMode.DISAGGREGATED
+assert placements["disaggregated"].get_hardware_ranks("actor") == [2, 3]
+assert placements["hybrid"].placement_mode == PlacementMode.HYBRID
+hybrid = placements["hybrid"]
+assert [p.devices for p in hybrid.get_strategy("env").placements] == [(0,), (1,)]
+assert [p.devices for p in hybrid.get_strategy("rollout").placements] == [(2,), (3,)]
+assert [p.devices for p in hybrid.get_strategy("actor").placements] == [(0,), (1,), (2,), (3,)]
+
+# %% [markdown]
+# The `devices:processes` form. `0-3:0-7` puts 8 processes on 4 devices, consecutive ranks sharing a device;
+# `0-3:0-1` gives 2 processes 2 devices each (for a model too big for one device).
+
+# %%
+two_per_device = ComponentPlacement({"rollout": "0-3:0-7"}, num_devices=4).get_strategy("rollout")
+assert [p.devices for p in two_per_device.placements] == [(0,), (0,), (1,), (1,), (2,), (2,), (3,), (3,)]
+two_devices_each = ComponentPlacement({"actor": "0-3:0-1"}, num_devices=4).get_strategy("actor")
+assert [p.devices for p in two_devices_each.placements] == [(0, 1), (2, 3)]
+
+# %% [markdown]
+# ### The placement map, as a picture
+#
+# Devices across, components down; each cell lists the ranks of that component on that device.
+
+# %%
+import matplotlib
+
+matplotlib.use("Agg")  # write files; a notebook still shows the figure below
+import matplotlib.pyplot as plt
+
+COMPONENTS = ["env", "rollout", "actor"]
+COLORS = {"env": "#8fbc8f", "rollout": "#87ceeb", "actor": "#f4a460"}
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+for ax, (name, placement) in zip(axes, placements.items(), strict=True):
+    for row, component in enumerate(COMPONENTS):
+        for device in range(placement.num_devices):
+            ranks = [p.rank for p in placement.get_strategy(component).placements if device in p.devices]
+            color = COLORS[component] if ranks else "#f0f0f0"
+            ax.add_patch(plt.Rectangle((device, row), 0.95, 0.9, color=color))
+            if ranks:
+                ax.text(device + 0.47, row + 0.45, ",".join(f"{component}[{r}]" for r in ranks),
+                        ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, placement.num_devices)
+    ax.set_ylim(len(COMPONENTS), 0)
+    ax.set_xticks([d + 0.47 for d in range(placement.num_devices)], [f"device {d}" for d in range(4)])
+    ax.set_yticks([r + 0.45 for r in range(len(COMPONENTS))], COMPONENTS)
+    ax.set_title(f"{name}: " + ", ".join(f"{k}: {v}" for k, v in LAYOUTS[name].items()), fontsize=10)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+fig.tight_layout()
+picture = OUT / "01_placement.png"
+fig.savefig(picture, dpi=100)
+plt.close(fig)
+print(f"wrote {picture}")
+assert picture.stat().st_size > 10_000
+
+# %% [markdown]
+# ### The plan of a real config: `--explain`
+#
+# `python -m rlinf_mini.train --config configs/embodied_mlp.yaml --explain` prints the plan of a run without
+# starting anything: the placement map, the env ranks each rollout rank serves, the envs of every env rank and
+# pipeline stage, and the batch arithmetic (tutorial 05). Here the same function is called in this process:
+
+# %%
+import contextlib
+import io
+
+from rlinf_mini.train import main
+
+
+def explain(*args: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--config", str(ROOT / "configs/embodied_mlp.yaml"), *args, "--explain"])
+    return code, out.getvalue()
+
+
+code, plan = explain()
+print(plan)
+assert code == 0
+assert "  device 0: actor[0] env[0]\n  device 1: actor[1] rollout[0]\n  mode: hybrid" in plan
+assert "rollout rank 0 serves env rank(s) 0" in plan
+
+# %% [markdown]
+# A placement whose arithmetic cannot work: three env ranks cannot be served by two rollout ranks (each rollout
+# rank serves a whole block of env ranks). `--explain` names the rule and the number that breaks it, and two
+# settings near it that pass every check; the run itself would stop with the same one-line error (exit code 2).
+
+# %%
+code, plan = explain("--cluster.num-devices", "3", "--cluster.component-placement.env", "0-1",
+                     "--cluster.component-placement.rollout", "0-2")
+print(plan[plan.index("breaks"):])
+assert code == 2 and "env ranks (2) must be a multiple of rollout ranks (3)" in plan
+fixes = plan.split("pass every check:\n")[1].split("\n")
+assert fixes[0].strip() == "--cluster.component-placement.rollout 0"
+for fix in fixes[:2]:
+    assert explain("--cluster.num-devices", "3", "--cluster.component-placement.env", "0-1", *fix.split())[0] == 0
+
+# %% [markdown]
+# ## The RLinf counterpart
+#
+# - `rlinf/scheduler/placement/placement.py::ComponentPlacement`: the same grammar, `get_strategy`,
+#   `get_world_size`, `get_hardware_ranks`; its strategy object is `FlexiblePlacementStrategy`
+#   (`hardware_ranks_list`: the devices of each process), which ours mirrors as `PlacementStrategy`.
+# - `rlinf/utils/placement.py::HybridComponentPlacement` and `PlacementMode` (COLLOCATED, DISAGGREGATED, HYBRID).
+#   RLinf's HybridComponentPlacement always reports HYBRID; ours classifies the layout.
+# - `rlinf/scheduler/cluster/cluster.py::Cluster.allocate`: a Ray actor per rank with `CUDA_VISIBLE_DEVICES` set
+#   (RLinf#353 asked why the YAML's device ids differ from physical GPUs: the ids count visible devices).
+# - Left out here: node groups, several machines, robots as hardware, `PlacementMode.AUTO`.
+#
+# ## Exercise
+#
+# Write `devices_of_ranks(value, num_devices)`: the device tuple of every process of one placement string, in rank
+# order (e.g. `"0-3:0-1"` → `[(0, 1), (2, 3)]`). Replace the body; the cell compares it with the parser on the
+# cases below, which cover every form of the grammar.
+
+# %%
+def reference_devices(value: str, num_devices: int) -> list[tuple[int, ...]]:
+    return [p.devices for p in ComponentPlacement({"x": value}, num_devices).get_strategy("x").placements]
+
+
+def devices_of_ranks(value: str, num_devices: int) -> list[tuple[int, ...]]:
+    # EXERCISE: parse `value` yourself (ranges "a-b", commas, "all", "devices:processes").
+    return reference_devices(value, num_devices)
+
+
+CASES = [("all", 3), ("2", 4), ("0-3", 4), ("0,2,4-5", 6), ("0-3:0-7", 4), ("0-3:0-1", 4), ("0-1:0-3,2-3", 4)]
+check_exercise(devices_of_ranks, reference_devices, CASES)
+assert not matches(lambda v, n: [(d,) for d in range(n)], reference_devices, CASES)  # a wrong answer fails
