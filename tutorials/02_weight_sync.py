@@ -1,0 +1,177 @@
+# %% [markdown]
+# # 02 — Weight sync: the actor's new weights reach every rollout rank
+#
+# Run it: `python tutorials/02_weight_sync.py` (about 20 s on a 2-core CPU: it starts real worker processes once).
+# Every stated fact is an `assert` in the cell after it.
+#
+# ## What this stage does, and why RLinf has it
+#
+# The actor trains one copy of the policy; the rollout infers with another, in other processes (often on other
+# GPUs). At the start of each step the actor's weights must reach every rollout rank, or the rollout would keep
+# acting with an old policy and PPO's importance ratios would drift. RLinf does this in
+# `EmbodiedRunner.update_rollout_weights`: actor rank 0 sends (data-parallel ranks hold identical weights), every
+# rollout rank receives, and the rollout tags every action with the **version** of the weights that produced it.
+#
+# Here, on one machine, each rollout rank allocates one shared-memory buffer at start-up; actor rank 0 copies its
+# tensors straight into every buffer and then writes a version stamp. On the CPU the rollout's parameters *are*
+# views of that buffer, so the copy is all there is.
+#
+# ## The code to read
+#
+# - `stages/sync.py`: `plan_layout` (the buffer's layout), `WeightReceiver.__init__` (allocate once, bind the
+#   parameters), `WeightSender.send` (data first, stamp last), `WeightReceiver.wait_for_version`.
+# - `stages/train.py::ActorWorker.sync_model_to_rollout`, `stages/rollout.py::RolloutWorker.sync_model_from_actor`,
+#   `rlinf_mini/runner.py::EmbodiedRunner.update_rollout_weights` (starts both sides, waits for both).
+
+# %%
+import torch
+from workbench import ROOT, check_exercise, matches
+
+from rlinf_mini.models import MLPPolicy
+from stages.sync import WeightReceiver, WeightSender, plan_layout
+
+# %% [markdown]
+# ## Run it (1): sender and receiver in this process
+#
+# Two policies with different random weights: the actor's and the rollout's.
+
+# %%
+torch.manual_seed(0)
+actor_model = MLPPolicy(obs_dim=4, action_dim=2, discrete=False, hidden_dim=64)
+torch.manual_seed(1)
+rollout_model = MLPPolicy(obs_dim=4, action_dim=2, discrete=False, hidden_dim=64)
+receiver = WeightReceiver(rollout_model)  # the rollout, once: allocate the buffer, bind its parameters to it
+sender = WeightSender()
+try:
+    before = {k: v.clone() for k, v in rollout_model.state_dict().items()}
+    assert not all(torch.equal(before[k], v) for k, v in actor_model.state_dict().items())
+    nbytes = sender.send(actor_model, [receiver.handle()], version=1)
+    # the rollout has not looked yet, but its parameters already hold the actor's: they are views of the buffer
+    same_now = all(torch.equal(rollout_model.state_dict()[k], v) for k, v in actor_model.state_dict().items())
+    waited = receiver.wait_for_version(1, timeout=5.0)
+    after = {k: v.clone() for k, v in rollout_model.state_dict().items()}  # copied out: the buffer goes below
+    # a version that was never stamped is a timeout, not a silent read of old weights
+    try:
+        receiver.wait_for_version(2, timeout=0.05)
+        timed_out = False
+    except TimeoutError as e:
+        timed_out = True
+        print(f"TimeoutError: {e}")
+finally:
+    sender.close()
+    receiver.close()  # unmaps the buffer: the rollout model's parameters are gone with it
+    del rollout_model
+n_params = sum(v.numel() * v.element_size() for v in actor_model.state_dict().values())
+print(f"sent {nbytes} bytes ({n_params} bytes of tensors); rollout version {receiver.version}, waited {waited:.6f} s")
+
+# %% [markdown]
+# ## What you should see (1)
+#
+# After the sync the rollout's weights equal the actor's **bitwise** (`torch.equal`, not `allclose`), already
+# before `wait_for_version` looked (zero copy on the CPU); the bytes sent are exactly the bytes of the state dict;
+# the receiver holds version 1; waiting for version 2, which nobody sent, raises `TimeoutError`.
+
+# %%
+assert same_now
+assert all(torch.equal(after[k], v) for k, v in actor_model.state_dict().items())
+assert nbytes == n_params
+assert receiver.version == 1 and timed_out
+
+# %% [markdown]
+# ## Run it (2): a real worker group
+#
+# The collocated MLP config has 2 actor ranks and 2 rollout ranks, each a process. We start them, sync, train one
+# step, and sync again — the runner's own calls, one at a time.
+
+# %%
+from rlinf_mini.cluster import Cluster
+from rlinf_mini.config import load_config
+from rlinf_mini.train import RunPlan, launch
+
+argv = ["--config", str(ROOT / "configs/embodied_collocated.yaml"), "--runner.no-progress-bar",
+        "--env.train.total-num-envs", "16", "--env.train.max-steps-per-rollout-epoch", "8",
+        "--actor.global-batch-size", "64", "--actor.micro-batch-size", "32"]
+cfg = load_config(argv)
+plan = RunPlan(cfg, "02_weight_sync")
+cluster = Cluster(cfg.cluster)
+try:
+    runner = launch(cfg, plan, cluster)
+    runner.init_workers()
+
+    def weights():
+        actor = runner.actor.execute_on(0).get_state_dict().wait()[0]
+        return actor, runner.rollout.get_state_dict().wait()  # one state dict per rollout rank
+
+    sync0 = runner.update_rollout_weights()  # version 0: the initial weights
+    actor_w0, rollout_w0 = weights()
+
+    runner.actor.set_global_step(0).wait()
+    runner.generate_rollouts()
+    versions = [b["versions"] for b in runner.actor.get_rollout_batch().wait()]
+    runner.actor.compute_advantages_and_returns().wait()
+    runner.actor.run_training().wait()
+    actor_w1, rollout_stale = weights()
+
+    runner.global_step = 1
+    sync1 = runner.update_rollout_weights()  # version 1
+    actor_w1b, rollout_w1 = weights()
+finally:
+    cluster.shutdown()
+print({k: f"{v:.3g}" for k, v in sync1.items()})
+
+# %% [markdown]
+# ## What you should see (2)
+#
+# - After each sync, **every** rollout rank's weights equal actor rank 0's bitwise.
+# - Every sample of the step's trajectories carries version 0, the weights it was produced with.
+# - Training changes the actor's weights; until the next sync the rollout still holds version 0's.
+# - `sync/bytes` is the size of the state dict times the 2 rollout ranks it was written to. `sync/GBps` is of the order of 0.1–2 GB/s on a 2-core CPU for this
+#   tiny model (too small to time well; `benchmarks/` measures transfers properly).
+
+# %%
+def equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+assert len(rollout_w0) == 2 and all(equal(actor_w0, w) for w in rollout_w0)
+assert all((v == 0).all() for v in versions)
+assert not equal(actor_w1, actor_w0) and all(equal(actor_w0, w) for w in rollout_stale)
+assert all(equal(actor_w1b, w) for w in rollout_w1) and runner.rollout_version == 1
+assert sync1["sync/bytes"] == 2 * sum(v.numel() * v.element_size() for v in actor_w1.values())
+
+# %% [markdown]
+# ## The RLinf counterpart
+#
+# - `rlinf/runners/embodied_runner.py::EmbodiedRunner.update_rollout_weights`: calls
+#   `rollout.sync_model_from_actor()` and `actor.sync_model_to_rollout()` together and waits on both; it runs every
+#   `runner.weight_sync_interval` steps.
+# - `rlinf/workers/actor/embodied_fsdp_actor_worker.py::EmbodiedFSDPActor.sync_model_to_rollout`: only actor rank 0
+#   sends, by a broadcast to all rollout ranks.
+# - `rlinf/hybrid_engines/weight_syncer/`: `BucketWeightSyncer` (the state dict in buckets of ~512 MB) and
+#   `PatchWeightSyncer` (sparse deltas against the last sent weights), over NCCL, or CUDA IPC on the same GPU.
+#   The rollout records `self.version` and tags every `PolicyOutput` with `versions`, as here.
+# - Left out here: buckets and patches (one machine, one shared buffer needs neither), NCCL across machines.
+#
+# ## Exercise
+#
+# The buffer layout. Each tensor of the state dict gets an offset in the shared segment: after a 64-byte header
+# (the version stamp lives there), each tensor starts at a multiple of 64 bytes, in state-dict order, right after
+# the previous one. Write `my_offsets(state)` returning the list of offsets, replacing the body.
+
+# %%
+def reference_offsets(state: dict) -> list[int]:
+    return [slot.offset for slot in plan_layout(state)[0]]
+
+
+def my_offsets(state: dict) -> list[int]:
+    # EXERCISE: compute the offsets yourself (hint: t.numel() * t.element_size() bytes per tensor).
+    return reference_offsets(state)
+
+
+CASES = [(actor_model.state_dict(),),
+         ({"a": torch.zeros(3), "b": torch.zeros(5, dtype=torch.float64), "c": torch.zeros(16, dtype=torch.int8)},),
+         ({"w": torch.zeros(1000, 7), "b": torch.zeros(7), "step": torch.zeros((), dtype=torch.int64)},)]
+check_exercise(my_offsets, reference_offsets, CASES)
+unaligned = lambda state: [64 + sum(t.numel() * t.element_size() for t in list(state.values())[:i])  # noqa: E731
+                           for i in range(len(state))]
+assert not matches(unaligned, reference_offsets, CASES)  # a wrong answer (no alignment) fails
