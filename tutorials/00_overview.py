@@ -99,7 +99,8 @@ for h in history:
 # ## What you should see
 #
 # One line per step. Each step logged the four phases under RLinf's timer names, and they account for the step's
-# time (on a 2-core CPU a step takes about 0.3–1 s, most of it in `generate_rollouts`). `env/steps` counts
+# time (on a 2-core CPU a step of this size takes about 0.1–0.3 s, most of it in `generate_rollouts`; starting
+# the worker processes takes longer than the two steps). `env/steps` counts
 # total_num_envs × max_steps_per_rollout_epoch × rollout_epoch = 16 × 8 × 1 = 128 env steps per training step.
 
 # %%
@@ -113,16 +114,21 @@ assert [h["env/steps"] for h in history] == [128.0, 256.0]
 # %% [markdown]
 # ## The RLinf counterpart
 #
-# | rlinf_mini | RLinf (`github.com/RLinf/RLinf`, v0.4) |
-# |---|---|
-# | `rlinf_mini/train.py` | `examples/embodiment/train_embodied_agent.py` |
-# | `rlinf_mini/runner.py::EmbodiedRunner` | `rlinf/runners/embodied_runner.py::EmbodiedRunner` |
-# | `stages/placement.py` | `rlinf/scheduler/placement/placement.py::ComponentPlacement`, `rlinf/utils/placement.py::HybridComponentPlacement` |
-# | `stages/sync.py` | `EmbodiedRunner.update_rollout_weights`, `rlinf/hybrid_engines/weight_syncer/` |
-# | `stages/rollout.py` | `rlinf/workers/env/env_worker.py::EnvWorker`, `rlinf/workers/rollout/hf/huggingface_worker.py::MultiStepRolloutWorker` |
-# | `stages/advantages.py` | `rlinf/algorithms/advantages.py`, `rlinf/algorithms/registry.py::calculate_adv_and_returns` |
-# | `stages/train.py` | `rlinf/workers/actor/embodied_fsdp_actor_worker.py::EmbodiedFSDPActor`, `rlinf/algorithms/losses.py` |
-# | `rlinf_mini/cluster.py`, `worker.py`, `channel.py` | `rlinf/scheduler/cluster/cluster.py::Cluster`, `rlinf/scheduler/worker/worker.py::Worker`, `worker_group.py::WorkerGroup`, `rlinf/scheduler/channel/channel.py::Channel` |
+# rlinf_mini → RLinf (`github.com/RLinf/RLinf`, v0.4):
+#
+# - `rlinf_mini/train.py` → `examples/embodiment/train_embodied_agent.py`
+# - `rlinf_mini/runner.py::EmbodiedRunner` → `rlinf/runners/embodied_runner.py::EmbodiedRunner`
+# - `stages/placement.py` → `rlinf/scheduler/placement/placement.py::ComponentPlacement`,
+#   `rlinf/utils/placement.py::HybridComponentPlacement`
+# - `stages/sync.py` → `EmbodiedRunner.update_rollout_weights`, `rlinf/hybrid_engines/weight_syncer/`
+# - `stages/rollout.py` → `rlinf/workers/env/env_worker.py::EnvWorker`,
+#   `rlinf/workers/rollout/hf/huggingface_worker.py::MultiStepRolloutWorker`
+# - `stages/advantages.py` → `rlinf/algorithms/advantages.py`, `rlinf/algorithms/registry.py::calculate_adv_and_returns`
+# - `stages/train.py` → `rlinf/workers/actor/embodied_fsdp_actor_worker.py::EmbodiedFSDPActor`,
+#   `rlinf/algorithms/losses.py`
+# - `rlinf_mini/cluster.py`, `worker.py`, `channel.py` → `rlinf/scheduler/cluster/cluster.py::Cluster`,
+#   `rlinf/scheduler/worker/worker.py::Worker`, `worker_group.py::WorkerGroup`,
+#   `rlinf/scheduler/channel/channel.py::Channel`
 #
 # Each stage file names its counterpart in its own docstring; the table and the docstrings agree:
 

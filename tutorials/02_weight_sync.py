@@ -125,8 +125,9 @@ print({k: f"{v:.3g}" for k, v in sync1.items()})
 # - After each sync, **every** rollout rank's weights equal actor rank 0's bitwise.
 # - Every sample of the step's trajectories carries version 0, the weights it was produced with.
 # - Training changes the actor's weights; until the next sync the rollout still holds version 0's.
-# - `sync/bytes` is the size of the state dict times the 2 rollout ranks it was written to. `sync/GBps` is of the order of 0.1–2 GB/s on a 2-core CPU for this
-#   tiny model (too small to time well; `benchmarks/` measures transfers properly).
+# - `sync/bytes` is the size of the state dict times the 2 rollout ranks it was written to. `sync/GBps` is of the
+#   order of 0.1–2 GB/s on a 2-core CPU for this tiny model (too small to time well; `benchmarks/` measures
+#   transfers properly).
 
 # %%
 def equal(a: dict, b: dict) -> bool:

@@ -138,8 +138,8 @@ print(f"weights moved by up to {moved:.2e}; micro 64 vs micro 16 differ by at mo
 # ## What you should see (2)
 #
 # After 8 optimizer steps (128 samples / 64 per step × 4 epochs) the weights have moved by ~1e-2 (at least 1e-3),
-# and the two runs agree to float32 rounding (differences of ~1e-8, far below the change): accumulating `loss / 4` over 4
-# micro-batches gives the gradient of the mean loss over the 64 samples.
+# and the two runs agree to float32 rounding (differences of ~1e-8, far below the change): accumulating
+# `loss / 4` over 4 micro-batches gives the gradient of the mean loss over the 64 samples.
 
 # %%
 assert moved > 1e-3
