@@ -81,8 +81,6 @@ def with_value(cfg, key: str, value):
     """A copy of cfg with one key changed ('cluster.component_placement.rollout' changes one placement string);
     the sections on the key's path are copied (dataclasses.replace), the rest is shared."""
     head, _, rest = key.partition(".")
-    if isinstance(cfg, dict):  # component_placement: rest is empty, head is the placement key
-        return {**cfg, head: value}
     if head == "component_placement" and rest:
         return dataclasses.replace(cfg, component_placement={**cfg.component_placement, rest: value})
     return dataclasses.replace(cfg, **{head: with_value(getattr(cfg, head), rest, value) if rest else value})
@@ -306,6 +304,8 @@ def explain(cfg: TrainConfig, source: str) -> tuple[str, str | None]:
         return "\n".join(lines), None
     key = breaking_key(error, source)
     message = str(error).splitlines()[0]
+    if isinstance(error, PlacementError):  # as train.main words it
+        message = f"{source}: {message}"
     value = get_value(cfg, key) if _has_key(cfg, key) else None
     lines.append(f"breaks: {key}" + (f" = {value}" if value is not None and not isinstance(value, dict) else ""))
     lines.append(f"  {message.removeprefix(source + ': ')}")

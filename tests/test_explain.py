@@ -125,10 +125,12 @@ def test_without_a_fix_nearby_it_says_so(capsys):
 
 
 def test_a_placement_that_cannot_parse_prints_what_it_can(capsys):
-    code, out, err = explain(["--config", MLP, "--cluster.component-placement.env", "5"], capsys)
+    argv = ["--config", MLP, "--cluster.component-placement.env", "5"]
+    code, out, err = explain(argv, capsys)
     assert code == 2 and "cannot place the components" in out
     assert "breaks: cluster.component_placement.env = 5" in out
-    assert err.startswith("error: cluster.component_placement.env: device 5 is out of range")
+    assert "cluster.component_placement.env: device 5 is out of range" in err
+    assert main(argv) == 2 and capsys.readouterr().err == err  # the same line as a training run's
 
 
 def test_bad_yaml_is_still_one_line(tmp_path, capsys):

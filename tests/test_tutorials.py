@@ -92,8 +92,8 @@ MUTATIONS = {  # a false claim, and a wrong exercise answer: each must fail the 
                     "assert torch.allclose(adv_1, G - values[:T]"),
     "wrong-exercise": ("    return compute_gae_advantages_and_returns(rewards, values, dones, gamma, gae_lambda)\n\n\n"
                        "def case(",
-                       "    return compute_gae_advantages_and_returns(rewards, values, dones * 0, gamma, gae_lambda)\n\n\n"
-                       "def case(",
+                       "    return compute_gae_advantages_and_returns(rewards, values, dones * 0, gamma, "
+                       "gae_lambda)\n\n\ndef case(",
                        "exercise my_gae: case 0 differs from the reference"),
 }
 
