@@ -26,7 +26,7 @@ TIMEOUT_S = 300  # a hang guard, not a speed check (tutorials aim at <= 60 s on 
 
 def run_tutorial(path: Path, out: Path) -> tuple[subprocess.CompletedProcess, float]:
     """`python path` from the repository root, as a learner runs it, with its output folder at `out`."""
-    env = dict(os.environ, RLINF_MINI_TUTORIAL_OUT=str(out),
+    env = dict(os.environ, RLINF_MINI_TUTORIAL_OUT=str(out), MPLBACKEND="Agg",
                PYTHONPATH=os.pathsep.join([str(ROOT / "tutorials"), str(ROOT)]))  # also for copies outside tutorials/
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, str(path)], cwd=ROOT, env=env, text=True,

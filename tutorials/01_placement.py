@@ -80,10 +80,7 @@ assert [p.devices for p in two_devices_each.placements] == [(0, 1), (2, 3)]
 # Devices across, components down; each cell lists the ranks of that component on that device.
 
 # %%
-import matplotlib
-
-matplotlib.use("Agg")  # write files; a notebook still shows the figure below
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # without a display (a script on a server, CI) matplotlib draws into files only
 
 COMPONENTS = ["env", "rollout", "actor"]
 COLORS = {"env": "#8fbc8f", "rollout": "#87ceeb", "actor": "#f4a460"}
@@ -107,8 +104,7 @@ for ax, (name, placement) in zip(axes, placements.items(), strict=True):
         side.set_visible(False)
 fig.tight_layout()
 picture = OUT / "01_placement.png"
-fig.savefig(picture, dpi=100)
-plt.close(fig)
+fig.savefig(picture, dpi=100)  # a notebook also shows the figure under this cell
 print(f"wrote {picture}")
 assert picture.stat().st_size > 10_000
 
