@@ -1,8 +1,9 @@
 # %% [markdown]
 # # 00 — Overview: one RL step on one page
 #
-# Run it: `python tutorials/00_overview.py` (about 15 s on a 2-core CPU), or open it as a notebook
-# (`jupytext --to notebook tutorials/00_overview.py`, or open the .py file in Jupyter with jupytext installed).
+# Run it: `python tutorials/00_overview.py` (15–30 s on a 2-core CPU, most of it starting worker processes), or
+# open it as a notebook (`jupytext --to notebook tutorials/00_overview.py`, or open the .py file in Jupyter with
+# jupytext installed).
 # Every sentence below that states a fact is checked by an `assert` in the cell after it.
 #
 # ## What this stage does, and why RLinf has it
@@ -40,7 +41,7 @@ print("\n".join(f"tutorials/{name}.py" for name in TUTORIALS))
 #   (three `create_group(cfg).launch(cluster, placement_strategy=...)` calls) → `build_and_run`.
 # - `rlinf_mini/runner.py`: `EmbodiedRunner.run` — the four phases above, with RLinf's timer names.
 # - The five stage files, each with a docstring that says what it does, its shapes, its RLinf counterpart and
-#   which stage comes next. Each stays short enough to read in one sitting (under 350 lines):
+#   (all but the last) which stage comes next. Each stays short enough to read in one sitting (under 350 lines):
 
 # %%
 import importlib
@@ -51,7 +52,8 @@ for name in STAGE_FILES:
     n_lines = len(pathlib.Path(module.__file__).read_text().splitlines())
     print(f"stages/{name}.py: {n_lines} lines")
     assert n_lines < 350, name
-    assert "RLinf counterpart" in module.__doc__ and "Next stage" in module.__doc__ or name == "train", name
+    assert "RLinf counterpart" in module.__doc__, name
+    assert name == "train" or "Next stage" in module.__doc__, name
 
 # %% [markdown]
 # Underneath the stages is the runtime in `rlinf_mini/` (config, cluster, worker, channel, shm, ...). It knows

@@ -159,7 +159,8 @@ for fix in fixes[:2]:
 # - `rlinf/utils/placement.py::HybridComponentPlacement` and `PlacementMode` (COLLOCATED, DISAGGREGATED, HYBRID).
 #   RLinf's HybridComponentPlacement always reports HYBRID; ours classifies the layout.
 # - `rlinf/scheduler/cluster/cluster.py::Cluster.allocate`: a Ray actor per rank with `CUDA_VISIBLE_DEVICES` set
-#   (RLinf#353 asked why the YAML's device ids differ from physical GPUs: the ids count visible devices).
+#   (RLinf#353: users found that the YAML's device ids are not the physical GPU ids; ours become
+#   `CUDA_VISIBLE_DEVICES` in `rlinf_mini/cluster.py::Cluster.allocate`, worth reading for that question).
 # - Left out here: node groups, several machines, robots as hardware, `PlacementMode.AUTO`.
 #
 # ## Exercise

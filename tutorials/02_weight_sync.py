@@ -1,7 +1,8 @@
 # %% [markdown]
 # # 02 — Weight sync: the actor's new weights reach every rollout rank
 #
-# Run it: `python tutorials/02_weight_sync.py` (about 20 s on a 2-core CPU: it starts real worker processes once).
+# Run it: `python tutorials/02_weight_sync.py` (20–45 s on a 2-core CPU, most of it starting five worker
+# processes).
 # Every stated fact is an `assert` in the cell after it.
 #
 # ## What this stage does, and why RLinf has it
@@ -80,15 +81,17 @@ assert receiver.version == 1 and timed_out
 # %% [markdown]
 # ## Run it (2): a real worker group
 #
-# The collocated MLP config has 2 actor ranks and 2 rollout ranks, each a process. We start them, sync, train one
-# step, and sync again — the runner's own calls, one at a time.
+# The MLP config, placed so that there are 2 env ranks, 2 rollout ranks and 1 actor rank, each a process. We start
+# them, sync, train one step, and sync again — the runner's own calls, one at a time.
 
 # %%
 from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import load_config
 from rlinf_mini.train import RunPlan, launch
 
-argv = ["--config", str(ROOT / "configs/embodied_collocated.yaml"), "--runner.no-progress-bar",
+argv = ["--config", str(ROOT / "configs/embodied_mlp.yaml"), "--runner.no-progress-bar",
+        "--cluster.component-placement.env", "0-1", "--cluster.component-placement.rollout", "0-1",
+        "--cluster.component-placement.actor", "0",
         "--env.train.total-num-envs", "16", "--env.train.max-steps-per-rollout-epoch", "8",
         "--actor.global-batch-size", "64", "--actor.micro-batch-size", "32"]
 cfg = load_config(argv)

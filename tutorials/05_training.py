@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 — Training: the actor's PPO update, batch by batch
 #
-# Run it: `python tutorials/05_training.py` (about 10 s on a 2-core CPU; it starts no process). Every stated fact
+# Run it: `python tutorials/05_training.py` (5–15 s on a 2-core CPU; it starts no process). Every stated fact
 # is an `assert` in the cell after it.
 #
 # ## What this stage does, and why RLinf has it
@@ -11,8 +11,8 @@
 # actor ranks); each rank's share of a global batch is fed in **micro-batches** whose gradients accumulate before
 # the step. So `global_batch_size` is an algorithm choice (how many samples per update) and `micro_batch_size` is a
 # memory choice (how many samples one forward/backward holds) — users of RLinf and its peers often ask how these
-# relate (verl#1524, OpenRLHF#304). With several actor ranks the model is wrapped in DistributedDataParallel, which
-# averages the gradients over ranks on the last micro-batch.
+# relate (verl#1524, OpenRLHF#304). With several actor ranks the model is wrapped in DistributedDataParallel
+# (read `run_training`: DDP's `no_sync` holds back the gradient all-reduce until the last micro-batch).
 #
 # The loss is PPO's clipped surrogate with RLinf's **dual clip** (for negative advantages the loss is capped at
 # −A·c, so one action whose probability exploded cannot dominate), plus a clipped value loss:
