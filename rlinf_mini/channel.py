@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from rlinf_mini.shm import SharedSegment
+from rlinf_mini.tracer import span
 
 DEFAULT_KEY = "default_queue"
 SHM_MIN_BYTES = 64 * 1024  # below this, pickling the bytes inline is cheaper than a shared-memory hop
@@ -244,7 +245,9 @@ class Channel:
     def put(self, item: Any, key: Hashable = DEFAULT_KEY, timeout: float | None = None) -> None:
         """Append `item` to queue `key`; blocks while the queue is full, at most `timeout` seconds."""
         timeout = self.default_timeout if timeout is None else timeout
-        status, _ = self._request("put", key, dumps(item), timeout)
+        payload = dumps(item)
+        with span("wait_put"):
+            status, _ = self._request("put", key, payload, timeout)
         if status == "timeout":
             raise ChannelTimeout(f"channel {self.name!r} key {key!r}: still full after {timeout:g} s "
                                  f"(is its consumer alive and reading?)")
@@ -253,7 +256,8 @@ class Channel:
         """Pop the oldest item of queue `key`; blocks until one arrives, at most `timeout` seconds."""
         timeout = self.default_timeout if timeout is None else timeout
         start = time.monotonic()
-        status, data = self._request("get", key, None, timeout)
+        with span("wait_get"):
+            status, data = self._request("get", key, None, timeout)
         if status == "timeout":
             who = f", expected from {expected_from}" if expected_from else ""
             raise ChannelTimeout(f"channel {self.name!r} key {key!r}: nothing arrived within "
