@@ -222,3 +222,4 @@ class SimRolloutWorker(Worker):
                 with tracer.span("inference", stage=k):
                     _spin(infer_s / stages)
                 env_channel.put({"actions": actions}, key=k)
+
