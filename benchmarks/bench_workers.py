@@ -223,3 +223,19 @@ class SimRolloutWorker(Worker):
                     _spin(infer_s / stages)
                 env_channel.put({"actions": actions}, key=k)
 
+
+
+def channel_producer_cuda(ch: Channel, n: int) -> None:
+    x = _make_item("large").cuda()
+    for _ in range(n):
+        ch.put(x, key="k")  # the channel stages a CUDA tensor through host shared memory
+
+
+def channel_consumer_cuda(ch: Channel, n: int) -> float:
+    ch.get(key="k").cuda()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        ch.get(key="k").cuda()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start

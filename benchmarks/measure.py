@@ -302,7 +302,7 @@ def pipeline(env_s: float, infer_s: float, n_steps: int, out_dir: Path, stage_nu
 # End to end: the full runner vs a plain loop; the tracer's overhead
 
 
-def plain_loop_steps_per_s(n_steps: int) -> float:
+def plain_loop_steps_per_s(config: str, n_steps: int) -> float:
     """One process, one thread: the same envs, the same policy, the same noise, env.chunk_step after each
     predict_action_batch: what the rollout phase would cost with no runtime at all."""
     from rlinf_mini.config import load_config
@@ -311,7 +311,7 @@ def plain_loop_steps_per_s(n_steps: int) -> float:
     from rlinf_mini.seeding import counter_uniform
 
     torch.set_num_threads(1)
-    cfg = load_config(["--config", "configs/embodied_mlp.yaml"])
+    cfg = load_config(["--config", config])
     train, chunks = cfg.env.train, cfg.actor.model.num_action_chunks
     spec = get_env_spec(train)
     env = make_env(train, torch.arange(train.total_num_envs), chunks, key="env.train")
@@ -328,8 +328,8 @@ def plain_loop_steps_per_s(n_steps: int) -> float:
     return n_steps * chunks * train.total_num_envs / seconds
 
 
-def runner_and_tracing(steps: int) -> list[Row]:
-    """configs/embodied_mlp.yaml (no eval, no checkpoints) in one cluster: `steps` steps with the tracer on,
+def runner_and_tracing(steps: int, config: str = "configs/embodied_mlp.yaml") -> list[Row]:
+    """`config` (no eval, no checkpoints) in one cluster: `steps` steps with the tracer on,
     interleaved with `steps` steps with it off (interleaving cancels the drift of a shared machine)."""
     from rlinf_mini.cluster import Cluster
     from rlinf_mini.config import load_config
@@ -337,10 +337,10 @@ def runner_and_tracing(steps: int) -> list[Row]:
 
     on, off, gen = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench_runner_") as log_path:
-        cfg = load_config(["--config", "configs/embodied_mlp.yaml", "--runner.logger.log_path", log_path,
+        cfg = load_config(["--config", config, "--runner.logger.log_path", log_path,
                            "--runner.no-progress-bar", "--runner.log_interval", "1000",
                            "--runner.val_check_interval", "-1", "--runner.save_interval", "-1"])
-        plan = RunPlan(cfg, "configs/embodied_mlp.yaml")
+        plan = RunPlan(cfg, config)
         plan.run_dir.mkdir(parents=True)
         cluster = Cluster(cfg.cluster)
         try:
@@ -368,7 +368,7 @@ def runner_and_tracing(steps: int) -> list[Row]:
     env_steps_per_step = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
     step_s_on, step_s_off = statistics.median(on), statistics.median(off)
     runner_rate = env_steps_per_step / statistics.median(gen)
-    loop = plain_loop_steps_per_s(train.max_steps_per_rollout_epoch * 4)
+    loop = plain_loop_steps_per_s(config, train.max_steps_per_rollout_epoch * 4)
     tracer.enable()  # the estimate: spans per step x the cost of one span
     start = time.perf_counter()
     for _ in range(20000):

@@ -41,8 +41,8 @@ def enable(on: bool = True) -> None:
     """Turn recording on or off in this process. Workers name themselves by their group and rank."""
     global _enabled, _who
     _enabled = on
-    if "RLINF_MINI_GROUP" in os.environ:
-        _who = (os.environ["RLINF_MINI_GROUP"], int(os.environ.get("RANK", "0")))
+    group = os.environ.get("RLINF_MINI_GROUP")  # set in every worker process; absent in the driver
+    _who = (group, int(os.environ.get("RANK", "0"))) if group else ("driver", 0)
 
 
 def enabled() -> bool:
