@@ -181,9 +181,10 @@ class NoopWorker(Worker):
 
 
 def _spin(seconds: float) -> None:
-    """Busy work for `seconds` (a simulator or a forward pass occupies its core; a sleep would not)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    """`seconds` of this thread's CPU time (a simulator or a forward pass occupies its core; a sleep, or a spin until
+    a wall-clock deadline, would let two processes on one core both finish in the time of one)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         pass
 
 

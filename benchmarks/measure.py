@@ -278,7 +278,8 @@ def pipeline(env_s: float, infer_s: float, n_steps: int, out_dir: Path, stage_nu
                 spans = [s for g in (env, rollout) for per_rank in g.trace_drain().wait() for s in per_rank]
                 if stages == 2 and mode == "disaggregated":
                     t_end = max(s[5] for s in spans)
-                    window = [s for s in spans if s[5] >= t_end - int(4 * (env_s + infer_s) * 1e9)]  # the last steps
+                    t0 = t_end - int(4 * (env_s + infer_s) * 1e9)  # the last few steps, clipped to that window
+                    window = [(*s[:4], max(s[4], t0), s[5]) for s in spans if s[5] >= t0]
                     png = tracer.write_timeline_png(window, out_dir / "pipeline_stage2_timeline.png",
                                                     title=f"pipeline_stage_num=2, E=P={env_s * 1e3:g} ms, "
                                                           f"env and rollout on separate cores")
