@@ -249,7 +249,7 @@ def group_call(h: Hosts, n: int) -> list[Row]:
 
 
 def pipeline(env_s: float, infer_s: float, n_steps: int, out_dir: Path, stage_nums=(1, 2, 4),
-             modes=("collocated", "disaggregated")) -> list[Row]:
+             modes=("collocated", "disaggregated"), reps: int = 2) -> list[Row]:
     """Env with a fixed CPU cost E per step and a policy with inference cost P, through the real runtime
     (Cluster, WorkerGroup, Channel), in one cluster of 2 devices: the env on device 0; a rollout on device 0
     (collocated: they share a core) and one on device 1 (disaggregated); an idle actor over devices 0-1, as in the
@@ -267,16 +267,17 @@ def pipeline(env_s: float, infer_s: float, n_steps: int, out_dir: Path, stage_nu
             g.trace_enable().wait()
         for mode, rollout in rollouts.items():
             seconds = {}
-            for stages in stage_nums:
-                rc = Channel.create(f"Rollout{mode}{stages}", cluster, maxsize=stages + 1)
-                ec = Channel.create(f"Env{mode}{stages}", cluster, maxsize=stages + 1)
+            for rep, stages in [(rep, stages) for rep in range(reps) for stages in stage_nums]:  # interleaved
+                rc = Channel.create(f"Rollout{mode}{stages}.{rep}", cluster, maxsize=stages + 1)
+                ec = Channel.create(f"Env{mode}{stages}.{rep}", cluster, maxsize=stages + 1)
                 env.trace_drain().wait()
                 rollout.trace_drain().wait()
                 r = rollout.run(rc, ec, n_steps, stages, infer_s, (32, 2))
-                seconds[stages] = env.run(rc, ec, n_steps, stages, env_s, (32, 10)).wait()[0]
+                took = env.run(rc, ec, n_steps, stages, env_s, (32, 10)).wait()[0]
+                seconds[stages] = min(took, seconds.get(stages, took))  # best of `reps`: a busy machine only adds
                 r.wait()
                 spans = [s for g in (env, rollout) for per_rank in g.trace_drain().wait() for s in per_rank]
-                if stages == 2 and mode == "disaggregated":
+                if stages == 2 and mode == "disaggregated" and took == seconds[stages]:
                     t_end = max(s[5] for s in spans)
                     t0 = t_end - int(4 * (env_s + infer_s) * 1e9)  # the last few steps, clipped to that window
                     window = [(*s[:4], max(s[4], t0), s[5]) for s in spans if s[5] >= t0]
