@@ -86,7 +86,7 @@ class RunnerConfig:
     """rlinf_mini: print a one-line summary every N steps."""
     trace: bool = True
     """rlinf_mini: record a timeline of every worker; writes trace.json and timeline.png into the run folder and
-    logs trace/busy/*, trace/idle/* and trace/bubble/* each step (overhead measured by `python -m benchmarks`)."""
+    logs time/trace/{busy,idle,bubble}/* each step (overhead measured by `python -m benchmarks`)."""
 
     @property
     def num_steps(self) -> int:

@@ -174,7 +174,7 @@ class EmbodiedRunner:
     TRACE_FILE_STEPS = 20  # trace.json keeps the first steps only (a long run would make a file of many MB)
 
     def gather_trace(self) -> dict[str, float]:
-        """Collect every worker's spans of the step that just ended; returns its trace/* metrics."""
+        """Collect every worker's spans of the step that just ended; returns its time/trace/* metrics."""
         futures = [group.trace_drain() for group in (self.env, self.rollout, self.actor)]
         spans = tracer.drain() + [s for f in futures for per_rank in f.wait() for s in per_rank]
         step = max((s for s in spans if s[0] == "driver" and s[2] == "step"), key=lambda s: s[4], default=None)

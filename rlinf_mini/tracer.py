@@ -7,7 +7,7 @@ Chrome trace, a Gantt chart and per-step busy / idle / bubble metrics.
     spans = drain()                           # the runner collects each worker's spans once per step
     write_chrome_trace(spans, run_dir / "trace.json")     # chrome://tracing or https://ui.perfetto.dev
     write_timeline_png(spans, run_dir / "timeline.png")   # one row per worker rank
-    step_metrics(spans, t0, t1)                           # trace/busy/<component>, trace/bubble/...
+    step_metrics(spans, t0, t1)                           # time/trace/busy/<component>, ...
 
 A span is a plain tuple (component, rank, name, stage, start_ns, end_ns), appended to a list in the process that
 recorded it: two clock reads and one append, about 1 us. The clock is CLOCK_MONOTONIC (`time.monotonic_ns`), one
@@ -116,15 +116,15 @@ def step_metrics(spans: list[Span], t0: int, t1: int, window: tuple[int, int] | 
         per_component.setdefault(component, []).append(busy_ns(own, t0, t1) / max(1, t1 - t0))
     for component, fracs in sorted(per_component.items()):
         busy = sum(fracs) / len(fracs)
-        out[f"trace/busy/{component}"] = busy
-        out[f"trace/idle/{component}"] = 1.0 - busy
+        out[f"time/trace/busy/{component}"] = busy
+        out[f"time/trace/idle/{component}"] = 1.0 - busy
     if window is not None:
         w0, w1 = window
         for who, wait_name in (("env", "wait_actions"), ("rollout", "wait_obs")):
             per_rank = [_length(_union(_clip([(s[4], s[5]) for s in own if s[2] == wait_name], w0, w1)))
                         for own in ranks.values() if any(s[2] == wait_name for s in own)]
             if per_rank:
-                out[f"trace/bubble/{who}_waits"] = sum(per_rank) / len(per_rank) / max(1, w1 - w0)
+                out[f"time/trace/bubble/{who}_waits"] = sum(per_rank) / len(per_rank) / max(1, w1 - w0)
     return out
 
 

@@ -66,12 +66,12 @@ def test_busy_and_bubble_metrics_against_hand_computed_values():
         ("driver", 0, "step", -1, 0, 100 * ms),
     ]
     m = tracer.step_metrics(spans, 0, 100 * ms, window=(0, 100 * ms))
-    assert m["trace/busy/EnvGroup"] == pytest.approx(0.7)  # 100 - 30 waiting
-    assert m["trace/busy/RolloutGroup"] == pytest.approx(0.4)  # 50 - 10 waiting
-    assert m["trace/busy/ActorGroup"] == pytest.approx(0.5)  # ranks 0 and 1: 0.0 and 1.0
-    assert m["trace/idle/EnvGroup"] == pytest.approx(0.3)
-    assert m["trace/bubble/env_waits"] == pytest.approx(0.3)
-    assert m["trace/bubble/rollout_waits"] == pytest.approx(0.1)
+    assert m["time/trace/busy/EnvGroup"] == pytest.approx(0.7)  # 100 - 30 waiting
+    assert m["time/trace/busy/RolloutGroup"] == pytest.approx(0.4)  # 50 - 10 waiting
+    assert m["time/trace/busy/ActorGroup"] == pytest.approx(0.5)  # ranks 0 and 1: 0.0 and 1.0
+    assert m["time/trace/idle/EnvGroup"] == pytest.approx(0.3)
+    assert m["time/trace/bubble/env_waits"] == pytest.approx(0.3)
+    assert m["time/trace/bubble/rollout_waits"] == pytest.approx(0.1)
     assert not any("driver" in k for k in m)
 
 
@@ -147,9 +147,9 @@ def test_training_run_writes_trace_timeline_and_trace_metrics(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     for group in ("EnvGroup", "RolloutGroup", "ActorGroup"):
-        assert 0.0 < last[f"trace/busy/{group}"] <= 1.0
-        assert last[f"trace/busy/{group}"] + last[f"trace/idle/{group}"] == pytest.approx(1.0)
-    assert 0.0 <= last["trace/bubble/env_waits"] <= 1.0 and 0.0 <= last["trace/bubble/rollout_waits"] <= 1.0
+        assert 0.0 < last[f"time/trace/busy/{group}"] <= 1.0
+        assert last[f"time/trace/busy/{group}"] + last[f"time/trace/idle/{group}"] == pytest.approx(1.0)
+    assert 0.0 <= last["time/trace/bubble/env_waits"] <= 1.0 and 0.0 <= last["time/trace/bubble/rollout_waits"] <= 1.0
 
 
 def test_benchmarks_tiny_mode_writes_every_row(tmp_path):
