@@ -152,6 +152,8 @@ class EmbodiedRunner:
                 metrics |= self.timings
                 if self.cfg.runner.trace:
                     metrics |= self.gather_trace()
+                    if self.global_step == self.TRACE_FILE_STEPS:
+                        self.write_trace()
                 metrics["env/steps"] = float(self.global_step * self._env_steps_per_step())
                 if self._due(cfg.val_check_interval):
                     with self.timer("eval"):
@@ -161,12 +163,12 @@ class EmbodiedRunner:
                 if self._due(cfg.save_interval):
                     self.save_checkpoint()
                 self._log(metrics, step=self.global_step, bar=bar)
+            if self.trace_spans and self.global_step < self.TRACE_FILE_STEPS:
+                self.write_trace()  # not in `finally`: Ctrl-C and errors stop at once, without drawing a chart
         finally:
             if bar is not None:
                 bar.close()
             self.logger.close()
-            if self.trace_spans:
-                self.write_trace()
         return self.history
 
     # --- timeline ------------------------------------------------------------------------------------------------
