@@ -84,6 +84,9 @@ class RunnerConfig:
     """rlinf_mini: show a tqdm progress bar on the console."""
     log_interval: int = 1
     """rlinf_mini: print a one-line summary every N steps."""
+    trace: bool = True
+    """rlinf_mini: record a timeline of every worker; writes trace.json and timeline.png into the run folder and
+    logs time/trace/{busy,idle,bubble}/* each step (overhead measured by `python -m benchmarks`)."""
 
     @property
     def num_steps(self) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from rlinf_mini import tracer
 from rlinf_mini.channel import Channel
 from rlinf_mini.config import TrainConfig
 from rlinf_mini.metric_logger import MetricLogger
@@ -54,11 +55,13 @@ class EmbodiedRunner:
         self.max_steps = cfg.runner.num_steps
         self.timings: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
+        self.trace_spans: list[tracer.Span] = []  # the first TRACE_FILE_STEPS steps, for trace.json
 
     @contextlib.contextmanager
     def timer(self, name: str):
         start = time.monotonic()
-        yield
+        with tracer.span(name):
+            yield
         self.timings[f"time/{name}"] = time.monotonic() - start
 
     # --- setup ---------------------------------------------------------------------------------------------------
@@ -70,6 +73,10 @@ class EmbodiedRunner:
         self.weight_handles = rollout_init.wait()
         env_init.wait()
         self.actor.init_worker(self.world_sizes).wait()
+        if self.cfg.runner.trace:
+            tracer.enable()
+            for group in (self.env, self.rollout, self.actor):
+                group.trace_enable().wait()
         resume = self.cfg.runner.resume_dir
         if resume == "auto":
             resume = find_latest_checkpoint(self.run_dir)
@@ -143,6 +150,10 @@ class EmbodiedRunner:
                         metrics |= self.actor.run_training().wait()[0]
                 self.global_step += 1
                 metrics |= self.timings
+                if self.cfg.runner.trace:
+                    metrics |= self.gather_trace()
+                    if self.global_step == self.TRACE_FILE_STEPS:
+                        self.write_trace()
                 metrics["env/steps"] = float(self.global_step * self._env_steps_per_step())
                 if self._due(cfg.val_check_interval):
                     with self.timer("eval"):
@@ -152,11 +163,39 @@ class EmbodiedRunner:
                 if self._due(cfg.save_interval):
                     self.save_checkpoint()
                 self._log(metrics, step=self.global_step, bar=bar)
+            if self.trace_spans and self.global_step < self.TRACE_FILE_STEPS:
+                self.write_trace()  # not in `finally`: Ctrl-C and errors stop at once, without drawing a chart
         finally:
             if bar is not None:
                 bar.close()
             self.logger.close()
         return self.history
+
+    # --- timeline ------------------------------------------------------------------------------------------------
+
+    TRACE_FILE_STEPS = 20  # trace.json keeps the first steps only (a long run would make a file of many MB)
+
+    def gather_trace(self) -> dict[str, float]:
+        """Collect every worker's spans of the step that just ended; returns its time/trace/* metrics."""
+        futures = [group.trace_drain() for group in (self.env, self.rollout, self.actor)]
+        spans = tracer.drain() + [s for f in futures for per_rank in f.wait() for s in per_rank]
+        step = max((s for s in spans if s[0] == "driver" and s[2] == "step"), key=lambda s: s[4], default=None)
+        if step is None:
+            return {}
+        gen = [s for s in spans if s[0] == "driver" and s[2] == "generate_rollouts" and s[4] >= step[4]]
+        if self.global_step <= self.TRACE_FILE_STEPS:
+            self.trace_spans += spans
+            self.last_step_window = (step[4], step[5])
+        return tracer.step_metrics(spans, step[4], step[5], window=(gen[0][4], gen[0][5]) if gen else None)
+
+    def write_trace(self) -> None:
+        """trace.json (every traced step) and timeline.png (the last traced step) into the run folder."""
+        tracer.write_chrome_trace(self.trace_spans, self.run_dir / "trace.json")
+        t0, t1 = self.last_step_window
+        last = [s for s in self.trace_spans if s[5] > t0 and s[4] < t1]
+        tracer.write_timeline_png(last, self.run_dir / "timeline.png",
+                                  title=f"one training step (rlinf_mini, pipeline_stage_num="
+                                        f"{self.cfg.rollout.pipeline_stage_num})")
 
     def _due(self, interval: int) -> bool:
         return interval > 0 and (self.global_step % interval == 0 or self.global_step == self.max_steps)

@@ -29,6 +29,8 @@ import time
 import traceback
 from typing import Any
 
+from rlinf_mini import tracer
+
 POLL_S = 0.1  # how often a waiting driver checks that every worker is alive
 
 
@@ -59,6 +61,14 @@ class Worker:
 
     def log(self, msg: str) -> None:
         print(f"[{self._group_name}:{self._rank}] {msg}", file=sys.stderr, flush=True)
+
+    def trace_enable(self, on: bool = True) -> None:
+        """Record timeline spans in this process (rlinf_mini.tracer); the runner turns it on with runner.trace."""
+        tracer.enable(on)
+
+    def trace_drain(self) -> list[tracer.Span]:
+        """The spans recorded since the last drain (the runner gathers them once per step)."""
+        return tracer.drain()
 
 
 class GroupFuture:
@@ -257,7 +267,8 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
                 break
             call_id, method, margs, mkwargs = msg
             try:
-                result = (True, getattr(worker, method)(*margs, **mkwargs))
+                with tracer.span(method):  # the whole call; its waits are recorded inside it
+                    result = (True, getattr(worker, method)(*margs, **mkwargs))
             except BaseException:
                 result = (False, traceback.format_exc())
             try:

@@ -39,6 +39,7 @@ from rlinf_mini.config import EnvSplitConfig, TrainConfig
 from rlinf_mini.envs import EnvSpec, get_env_spec, make_env
 from rlinf_mini.models import build_policy
 from rlinf_mini.seeding import counter_uniform
+from rlinf_mini.tracer import span
 from rlinf_mini.worker import Worker
 from stages.sync import WeightBufferHandle, WeightReceiver
 
@@ -92,8 +93,10 @@ class EnvWorker(Worker):
             rollout_channel.put({"obs": obs[k], "env_ids": env.env_ids, "sample_step": sample_base}, key=keys[k])
         for t in range(n_steps):
             for k, env in enumerate(envs):
-                out = env_channel.get(key=keys[k], expected_from=expected)
-                next_obs, rewards, terminations, truncations, ep = env.chunk_step(out["actions"])
+                with span("wait_actions", stage=k):
+                    out = env_channel.get(key=keys[k], expected_from=expected)
+                with span("env_step", stage=k):
+                    next_obs, rewards, terminations, truncations, ep = env.chunk_step(out["actions"])
                 if record:
                     tr = trajs[k]
                     tr["obs"].append(obs[k])
@@ -215,13 +218,16 @@ class RolloutWorker(Worker):
                 for k in range(self.stage_num):
                     for env_rank in self.env_ranks:
                         key = (mode, env_rank, k)
-                        msg = rollout_channel.get(key=key, expected_from=f"{self.cfg.env.group_name} rank {env_rank}")
+                        producer = f"{self.cfg.env.group_name} rank {env_rank}"
+                        with span("wait_obs", stage=k):
+                            msg = rollout_channel.get(key=key, expected_from=producer)
                         obs = msg["obs"].to(self.device)
                         noise = None
                         if mode == "train":
                             noise = counter_uniform(seed, msg["env_ids"], msg["sample_step"], self.noise_width)
                             noise = noise.to(self.device)
-                        out = self.model.predict_action_batch(obs, noise, mode=mode)
+                        with span("inference", stage=k):
+                            out = self.model.predict_action_batch(obs, noise, mode=mode)
                         env_channel.put({"actions": out["actions"].cpu(), "logprobs": out["logprobs"].cpu(),
                                          "values": out["values"].cpu(), "version": self.receiver.version}, key=key)
                         served += obs.shape[0]

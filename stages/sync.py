@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from rlinf_mini.shm import SharedSegment
+from rlinf_mini.tracer import span
 
 _ALIGN = 64
 _HEADER = 64  # bytes 0..7: int64 version stamp; -1 = nothing written yet
@@ -91,17 +92,21 @@ class WeightReceiver:
     def wait_for_version(self, version: int, timeout: float) -> float:
         """Block until the actor has stamped `version`; returns the seconds waited. Raises TimeoutError."""
         start = time.monotonic()
+        with span("wait_weights"):
+            self._wait_stamp(version, timeout, start)
+        if not self.zero_copy:
+            with torch.no_grad(), span("weight_load"):
+                for name, t in _weights(self.model).items():
+                    t.copy_(self._views[name], non_blocking=True)
+        self.version = version
+        return time.monotonic() - start
+
+    def _wait_stamp(self, version: int, timeout: float, start: float) -> None:
         while int(self._stamp[0]) != version:
             if time.monotonic() - start > timeout:
                 raise TimeoutError(f"weight sync: version {version} did not arrive from actor rank 0 within "
                                    f"{timeout:g} s (buffer holds version {int(self._stamp[0])})")
             time.sleep(0.0002)
-        if not self.zero_copy:
-            with torch.no_grad():
-                for name, t in _weights(self.model).items():
-                    t.copy_(self._views[name], non_blocking=True)
-        self.version = version
-        return time.monotonic() - start
 
     def close(self) -> None:
         self._views.clear()
@@ -119,7 +124,7 @@ class WeightSender:
         """Write `model`'s weights into every rollout buffer, then the version stamp. Returns bytes written."""
         weights = _weights(model)
         written = 0
-        with torch.no_grad():
+        with torch.no_grad(), span("weight_send"):
             for h in handles:
                 seg = self._segments.get(h.segment_name)
                 if seg is None:

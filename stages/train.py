@@ -36,6 +36,7 @@ from rlinf_mini.channel import Channel
 from rlinf_mini.config import TrainConfig
 from rlinf_mini.envs import get_env_spec
 from rlinf_mini.models import build_policy
+from rlinf_mini.tracer import span
 from rlinf_mini.worker import Worker
 from stages.advantages import calculate_adv_and_returns
 from stages.rollout import actor_pieces
@@ -189,7 +190,7 @@ class ActorWorker(Worker):
                     last = m == accum - 1
                     # DDP all-reduces gradients in backward(); skip it until the last micro-batch
                     ctx = self.model.no_sync() if (self._world_size > 1 and not last) else contextlib.nullcontext()
-                    with ctx:
+                    with ctx, span("forward_backward"):
                         loss, metrics = self._micro_batch_loss(mb)
                         (loss / accum).backward()
                     for k, v in metrics.items():
@@ -198,7 +199,8 @@ class ActorWorker(Worker):
                 grad_norm = (torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.clip_grad)
                              if cfg.optim.clip_grad > 0 else _grad_norm(self.policy))
                 totals["actor/grad_norm"] = totals.get("actor/grad_norm", 0.0) + float(grad_norm) * accum
-                self.optimizer.step()
+                with span("optimizer_step"):
+                    self.optimizer.step()
         result = torch.tensor([totals[k] / count for k in sorted(totals)], device=self.device)  # nccl: on the GPU
         result = self._all_reduce(result) / self._world_size
         out = {f"train/{k}": float(v) for k, v in zip(sorted(totals), result, strict=True)}

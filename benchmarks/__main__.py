@@ -1,0 +1,137 @@
+"""Every performance figure of rlinf_mini, as a ratio against the physical limit and the obvious alternative,
+measured side by side in one run. Prints one table and writes JSON (and, with --markdown, the README table).
+
+    python -m benchmarks                   # everything, CartPole vs SB3 included (about 6 minutes on 2 cores)
+    python -m benchmarks --quick           # <= 2 minutes on 2 cores: smaller counts, no CartPole
+    python -m benchmarks --markdown        # also print the table as markdown (README "Performance")
+    python -m benchmarks --device cuda     # the GPU figures (benchmarks/gpu.py); exits 0 with a message without one
+    python -m benchmarks --only channel,pipeline --out results/x.json
+
+Rows (see README "Performance" for what each means): channel large / small, weight sync 10M / 100M, group call round
+trip, pipeline (stage_num 1, 2, 4 x collocated / disaggregated / hybrid), end to end runner vs a plain loop, tracing
+overhead, CartPole vs stable-baselines3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+GROUPS = ("channel", "weights", "group_call", "pipeline", "runner", "cartpole")
+
+SIZES = {  # per mode: message counts, parameter counts, steps
+    "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [(10_000_000, 5), (100_000_000, 3)], "calls": 300,
+             "pipeline": (0.020, 40, (1, 2, 4), ("collocated", "disaggregated")), "runner": 10},
+    "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [(10_000_000, 3), (100_000_000, 2)], "calls": 200,
+              "pipeline": (0.020, 20, (1, 2, 4), ("collocated", "disaggregated")), "runner": 5},
+    "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [(1_000_000, 1)], "calls": 5,
+             "pipeline": (0.002, 3, (1, 2), ("disaggregated",)), "runner": 2},
+}
+
+
+def run(mode: str, groups: list[str], out_dir: Path) -> list:
+    from benchmarks import measure as m
+
+    s = SIZES[mode]
+    rows = []
+    hosts = m.Hosts() if {"channel", "weights", "group_call"} & set(groups) else None
+    try:
+        for group in groups:
+            start = time.monotonic()
+            if group == "channel":
+                rows += m.channel_large(hosts, s["large"]) + m.channel_small(hosts, s["small"], s["rtt"])
+            elif group == "weights":
+                for numel, reps in s["weights"]:
+                    rows += m.weight_sync(hosts, numel, reps)
+            elif group == "group_call":
+                rows += m.group_call(hosts, s["calls"])
+            elif group == "pipeline":
+                latency, steps, stage_nums, modes = s["pipeline"]
+                rows += m.pipeline(latency, latency, steps, out_dir, stage_nums, modes)
+            elif group == "runner":
+                rows += m.runner_and_tracing(s["runner"])
+            elif group == "cartpole":
+                if mode != "full":
+                    print("cartpole: skipped in --quick / --tiny (run without --quick, or python -m "
+                          "benchmarks.cartpole_vs_sb3)", file=sys.stderr)
+                    continue
+                rows += m.cartpole(quick=False)
+            print(f"[{group}: {time.monotonic() - start:.1f} s]", file=sys.stderr, flush=True)
+    finally:
+        if hosts is not None:
+            hosts.close()
+    return rows
+
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    if x != x:  # NaN
+        return "n/a"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def format_table(rows: list, markdown: bool) -> str:
+    header = ["benchmark", "unit", "ours", "baseline", "limit", "ratio", "target", "met", "note"]
+    lines = []
+    for r in rows:
+        met = {True: "yes", False: "NO", None: ""}[r.met]
+        base = f"{_num(r.baseline)} ({r.baseline_name})" if r.baseline is not None else "-"
+        limit = f"{_num(r.limit)} ({r.limit_name})" if r.limit is not None else "-"
+        ratio = f"{_num(r.ratio)} {r.ratio_of}" if r.ratio is not None else "-"
+        lines.append([r.name, r.unit, _num(r.ours), base, limit, ratio, r.target, met, r.note])
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(line) + " |" for line in lines]
+        return "\n".join(out)
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, lines)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="<= 2 minutes on 2 cores; no CartPole")
+    parser.add_argument("--tiny", action="store_true", help="smoke run for the tests: tiny counts, meaningless figures")
+    parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)}")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the GPU figures instead")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as markdown")
+    parser.add_argument("--out", type=Path, default=Path("results/benchmarks.json"), help="JSON results file")
+    args = parser.parse_args(argv)
+    if args.device == "cuda":
+        from benchmarks import gpu
+
+        return gpu.main(args.out.with_name(args.out.stem + "_gpu.json"), quick=args.quick or args.tiny)
+    groups = [g.strip() for g in args.only.split(",") if g.strip()]
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        print(f"--only: unknown benchmark group(s) {unknown}; choose from {','.join(GROUPS)}", file=sys.stderr)
+        return 2
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    torch.set_num_threads(1)  # this process copies with one thread, like every benchmark child
+    start = time.monotonic()
+    rows = run(mode, groups, args.out.parent)
+    print(format_table(rows, markdown=False))
+    if args.markdown:
+        print()
+        print(format_table(rows, markdown=True))
+    report = {"mode": mode, "seconds": time.monotonic() - start,
+              "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+                          "torch": torch.__version__, "platform": platform.platform()},
+              "rows": [dataclasses.asdict(r) | {"met": r.met} for r in rows]}
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out} ({report['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":  # the guard matters: benchmark children are spawned processes that re-import this module
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Process bodies and workers of the benchmarks (a module, so that spawned processes can import them by name).
+
+The functions in the first sections run in one of two long-lived host processes (`host_main`), each pinned to one
+core with one torch thread, so that a figure measures the transport, not how many threads a copy could use, and so
+that the benchmarks pay the start-up of a process (importing torch: seconds on a busy machine) twice, not per row.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from rlinf_mini import tracer
+from rlinf_mini.channel import Channel
+from rlinf_mini.worker import Worker
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The host processes
+
+
+def host_main(index: int, core: int | None, shared: dict, conn) -> None:
+    """Run the commands (function name, args) that arrive on `conn`; an argument "@name" is shared[name] (queues
+    can only be handed to a process when it starts). Answers ("ok", result) or ("error", traceback)."""
+    import traceback
+
+    if core is not None:
+        os.sched_setaffinity(0, [core])
+    torch.set_num_threads(1)
+    while True:
+        cmd = conn.recv()
+        if cmd is None:
+            from rlinf_mini.channel import close_process_resources
+
+            close_process_resources()
+            return
+        name, args = cmd
+        args = [shared[a[1:]] if isinstance(a, str) and a.startswith("@") else a for a in args]
+        try:
+            conn.send(("ok", globals()[name](*args)))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Channel and queue producers / consumers
+
+
+def channel_producer(ch: Channel, n: int, make: str, key: str = "k") -> None:
+    item = _make_item(make)
+    for i in range(n):
+        if isinstance(item, dict):
+            item["step"] = i
+        ch.put(item, key=key)
+
+
+def channel_consumer(ch: Channel, n: int, key: str = "k") -> float:
+    """The seconds taken by messages 2..n (the first one pays the producer's start-up)."""
+    ch.get(key=key)
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        ch.get(key=key)
+    return time.perf_counter() - start
+
+
+def queue_producer(q, n: int, make: str, fresh: bool, done) -> None:
+    """fresh: put a new tensor each time (as new data would be); torch shares each one through its own shm.
+    The producer stays until the consumer is done: torch hands tensors over by file descriptors it serves."""
+    item = _make_item(make)
+    for i in range(n):
+        if isinstance(item, dict):
+            item["step"] = i
+            q.put(item)
+        else:
+            q.put(item.clone() if fresh else item)
+    done.wait(120)
+
+
+def queue_consumer(q, n: int, done) -> float:
+    q.get()
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        q.get()
+    seconds = time.perf_counter() - start
+    done.set()
+    return seconds
+
+
+def _make_item(make: str):
+    if make == "large":
+        return torch.randint(0, 255, (64, 3, 64, 64), dtype=torch.uint8)  # 786 KB: one batch of 64x64 RGB frames
+    return {"reward": 1.0, "done": False, "step": 0, "value": 0.5}  # a small message: a dict of a few scalars
+
+
+def channel_echo(ch: Channel, n: int) -> None:
+    for _ in range(n):
+        ch.put(ch.get(key="ping"), key="pong")
+
+
+def channel_pinger(ch: Channel, n: int) -> float:
+    msg = _make_item("small")
+    ch.put(msg, key="ping")
+    ch.get(key="pong")
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        ch.put(msg, key="ping")
+        ch.get(key="pong")
+    return (time.perf_counter() - start) / (n - 1)
+
+
+def queue_echo(q_in, q_out, n: int) -> None:
+    for _ in range(n):
+        q_out.put(q_in.get())
+
+
+def queue_pinger(q_in, q_out, n: int) -> float:
+    msg = _make_item("small")
+    q_out.put(msg)
+    q_in.get()
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        q_out.put(msg)
+        q_in.get()
+    return (time.perf_counter() - start) / (n - 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Weight sync
+
+
+class FlatModel(torch.nn.Module):
+    """`numel` float32 parameters in 8 tensors (a stand-in for a policy's state dict)."""
+
+    def __init__(self, numel: int, device: str = "cpu"):
+        super().__init__()
+        per = numel // 8
+        self.params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(per, device=device)) for _ in range(8)])
+
+
+def weight_receiver(numel: int, reps: int, handle_q, ack_q, device: str = "cpu") -> None:
+    from stages.sync import WeightReceiver
+
+    receiver = WeightReceiver(FlatModel(numel, device))
+    handle_q.put(receiver.handle())
+    try:
+        for v in range(reps):
+            receiver.wait_for_version(v, timeout=120.0)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            ack_q.put(v)
+    finally:
+        receiver.close()
+
+
+def gloo_broadcast(rank: int, port: int, numel: int, reps: int) -> float:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    t = torch.ones(numel) if rank == 0 else torch.empty(numel)
+    dist.broadcast(t, src=0)  # warm-up: connection set-up and first-touch page faults
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.broadcast(t, src=0)
+        dist.barrier()  # the receiver has everything when both pass the barrier
+        times.append(time.perf_counter() - start)
+    dist.destroy_process_group()
+    return min(times)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Workers (group calls, the pipeline)
+
+
+class NoopWorker(Worker):
+    def noop(self) -> None:
+        return None
+
+
+def _spin(seconds: float) -> None:
+    """`seconds` of this thread's CPU time (a simulator or a forward pass occupies its core; a sleep, or a spin until
+    a wall-clock deadline, would let two processes on one core both finish in the time of one)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+class SimEnvWorker(Worker):
+    """An env whose full step (all its envs) costs E seconds of CPU; stage k of S costs E / S. Speaks the same
+    protocol as stages/rollout.py's EnvWorker: prime every stage, then per step and stage get actions, step, put obs."""
+
+    def run(self, rollout_channel: Channel, env_channel: Channel, n_steps: int, stages: int, env_s: float,
+            obs_shape: tuple[int, ...]) -> float:
+        obs = torch.zeros(obs_shape)
+        start = time.perf_counter()
+        for k in range(stages):
+            rollout_channel.put({"obs": obs}, key=k)
+        for _ in range(n_steps):
+            for k in range(stages):
+                with tracer.span("wait_actions", stage=k):
+                    env_channel.get(key=k)
+                with tracer.span("env_step", stage=k):
+                    _spin(env_s / stages)
+                rollout_channel.put({"obs": obs}, key=k)
+        for k in range(stages):
+            env_channel.get(key=k)  # the last actions (the rollout answered the final observations)
+        return time.perf_counter() - start
+
+
+class SimRolloutWorker(Worker):
+    """A policy whose inference on all envs costs P seconds of CPU; on one stage's envs, P / S."""
+
+    def run(self, rollout_channel: Channel, env_channel: Channel, n_steps: int, stages: int, infer_s: float,
+            action_shape: tuple[int, ...]) -> None:
+        actions = torch.zeros(action_shape)
+        for _ in range(n_steps + 1):
+            for k in range(stages):
+                with tracer.span("wait_obs", stage=k):
+                    rollout_channel.get(key=k)
+                with tracer.span("inference", stage=k):
+                    _spin(infer_s / stages)
+                env_channel.put({"actions": actions}, key=k)
+
+
+
+def channel_producer_cuda(ch: Channel, n: int) -> None:
+    x = _make_item("large").cuda()
+    for _ in range(n):
+        ch.put(x, key="k")  # the channel stages a CUDA tensor through host shared memory
+
+
+def channel_consumer_cuda(ch: Channel, n: int) -> float:
+    ch.get(key="k").cuda()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        ch.get(key="k").cuda()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start

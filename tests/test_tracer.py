@@ -1,0 +1,171 @@
+"""The timeline tracer (rlinf_mini/tracer.py), its files and metrics, and the benchmarks in their tiny mode."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+
+import pytest
+import torch
+from conftest import write_config
+from PIL import Image
+
+from rlinf_mini import channel as C
+from rlinf_mini import tracer
+
+
+@pytest.fixture
+def tracing(monkeypatch):
+    monkeypatch.setenv("RLINF_MINI_GROUP", "EnvGroup")
+    monkeypatch.setenv("RANK", "3")
+    tracer.drain()
+    tracer.enable()
+    yield
+    tracer.enable(False)
+    tracer.drain()
+
+
+def test_spans_are_well_formed_nested_and_named_by_group_and_rank(tracing):
+    with tracer.span("interact"):
+        for k in range(2):
+            with tracer.span("wait_actions", stage=k):
+                pass
+            with tracer.span("env_step", stage=k):
+                sum(range(1000))
+    spans = tracer.drain()
+    assert tracer.drain() == []  # drained once
+    assert [s[2] for s in spans] == ["wait_actions", "env_step", "wait_actions", "env_step", "interact"]
+    assert {(s[0], s[1]) for s in spans} == {("EnvGroup", 3)}
+    assert [s[3] for s in spans] == [0, 0, 1, 1, -1]
+    outer = spans[-1]
+    for _, _, _, _, start, end in spans:
+        assert start <= end
+        assert outer[4] <= start and end <= outer[5]  # children inside their parent
+    for a, b in zip(spans[:-2], spans[1:-1], strict=True):
+        assert a[5] <= b[4]  # siblings in order, not overlapping
+
+
+def test_disabled_tracer_records_nothing():
+    tracer.enable(False)
+    with tracer.span("x"):
+        pass
+    assert tracer.drain() == []
+
+
+def test_busy_and_bubble_metrics_against_hand_computed_values():
+    ms = 1_000_000
+    spans = [
+        ("EnvGroup", 0, "interact", -1, 0, 100 * ms),
+        ("EnvGroup", 0, "wait_actions", 0, 10 * ms, 40 * ms),  # 30 ms waiting inside the call
+        ("EnvGroup", 0, "env_step", 0, 40 * ms, 60 * ms),
+        ("RolloutGroup", 0, "generate", -1, 0, 50 * ms),
+        ("RolloutGroup", 0, "wait_obs", 0, 0, 10 * ms),
+        ("ActorGroup", 0, "run_training", -1, 100 * ms, 200 * ms),  # outside the window: clipped away
+        ("ActorGroup", 1, "run_training", -1, 0, 100 * ms),
+        ("driver", 0, "step", -1, 0, 100 * ms),
+    ]
+    m = tracer.step_metrics(spans, 0, 100 * ms, window=(0, 100 * ms))
+    assert m["time/trace/busy/EnvGroup"] == pytest.approx(0.7)  # 100 - 30 waiting
+    assert m["time/trace/busy/RolloutGroup"] == pytest.approx(0.4)  # 50 - 10 waiting
+    assert m["time/trace/busy/ActorGroup"] == pytest.approx(0.5)  # ranks 0 and 1: 0.0 and 1.0
+    assert m["time/trace/idle/EnvGroup"] == pytest.approx(0.3)
+    assert m["time/trace/bubble/env_waits"] == pytest.approx(0.3)
+    assert m["time/trace/bubble/rollout_waits"] == pytest.approx(0.1)
+    assert not any("driver" in k for k in m)
+
+
+def _example_spans():
+    ms = 1_000_000
+    return [("driver", 0, "step", -1, 0, 90 * ms), ("EnvGroup", 0, "interact", -1, 1 * ms, 80 * ms),
+            ("EnvGroup", 0, "env_step", 0, 2 * ms, 10 * ms), ("EnvGroup", 0, "env_step", 1, 12 * ms, 20 * ms),
+            ("RolloutGroup", 0, "inference", 1, 2 * ms, 9 * ms), ("RolloutGroup", 0, "wait_obs", 0, 9 * ms, 12 * ms),
+            ("ActorGroup", 1, "optimizer_step", -1, 50 * ms, 60 * ms)]
+
+
+def test_chrome_trace_loads_with_expected_events(tmp_path):
+    spans = _example_spans()
+    path = tracer.write_chrome_trace(spans, tmp_path / "trace.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert sorted(e["name"] for e in complete) == sorted(s[2] for s in spans)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert set(names.values()) == {"driver", "EnvGroup", "RolloutGroup", "ActorGroup"}
+    for e in complete:
+        assert e["ts"] >= 0 and e["dur"] >= 0
+    step = next(e for e in complete if e["name"] == "env_step" and e["args"]["stage"] == 1)
+    assert names[step["pid"]] == "EnvGroup" and step["tid"] == 0
+    assert step["ts"] == pytest.approx(12_000) and step["dur"] == pytest.approx(8_000)  # microseconds
+    opt = next(e for e in complete if e["name"] == "optimizer_step")
+    assert names[opt["pid"]] == "ActorGroup" and opt["tid"] == 1
+
+
+def test_timeline_png_has_one_row_per_rank_and_opens(tmp_path):
+    path = tracer.write_timeline_png(_example_spans(), tmp_path / "timeline.png", title="test")
+    with Image.open(path) as img:
+        img.verify()
+    with Image.open(path) as img:
+        w, h = img.size
+    assert 800 <= w <= 3000 and 150 <= h <= 2000
+
+
+def test_received_shm_tensor_holds_its_segment_until_freed():
+    t = torch.arange(300_000, dtype=torch.float32)  # 1.2 MB: a size class no other test uses
+    a = C.loads(C.dumps(t))
+    n = len(C._send_pool.segments)
+    b = C.loads(C.dumps(t))  # `a` still uses its segment (zero copy): a second one is needed
+    assert len(C._send_pool.segments) == n + 1
+    view = a[10:20]  # a view keeps the segment too
+    del a
+    gc.collect()
+    c = C.loads(C.dumps(t))
+    assert len(C._send_pool.segments) == n + 2
+    assert torch.equal(view, t[10:20]) and torch.equal(b, t) and torch.equal(c, t)
+    del view, b, c
+    gc.collect()
+    for _ in range(5):
+        assert torch.equal(C.loads(C.dumps(t)), t)  # every segment free again: reused, none added
+    assert len(C._send_pool.segments) == n + 2
+
+
+def test_training_run_writes_trace_timeline_and_trace_metrics(tmp_path):
+    from rlinf_mini.train import main
+
+    cfg = write_config(tmp_path, runner={"max_epochs": 2, "val_check_interval": -1, "save_interval": -1,
+                                         "progress_bar": False})
+    assert main(["--config", str(cfg)]) == 0
+    run_dir = tmp_path / "results" / "embodied"
+    events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    for expected in ("env_step", "inference", "wait_actions", "wait_obs", "weight_send", "wait_weights",
+                     "forward_backward", "optimizer_step", "compute_advantages_and_returns", "generate_rollouts"):
+        assert expected in names
+    threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"EnvGroup:0", "RolloutGroup:0", "ActorGroup:0", "ActorGroup:1"} <= threads
+    with Image.open(run_dir / "timeline.png") as img:
+        assert img.size[0] >= 800
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    for group in ("EnvGroup", "RolloutGroup", "ActorGroup"):
+        assert 0.0 < last[f"time/trace/busy/{group}"] <= 1.0
+        assert last[f"time/trace/busy/{group}"] + last[f"time/trace/idle/{group}"] == pytest.approx(1.0)
+    assert 0.0 <= last["time/trace/bubble/env_waits"] <= 1.0 and 0.0 <= last["time/trace/bubble/rollout_waits"] <= 1.0
+
+
+def test_benchmarks_tiny_mode_writes_every_row(tmp_path):
+    from benchmarks.__main__ import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--tiny", "--only", "channel,weights,pipeline", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    assert {"channel, large (64x3x64x64 uint8, 786 KB)", "channel, small (dict of 4 scalars)",
+            "weight sync, 1M float32 (4 MB)", "pipeline disaggregated / hybrid, stage_num 2"} <= set(rows)
+    for r in rows.values():
+        assert r["ours"] > 0 and math.isfinite(r["ours"])
+        if r["ratio"] is not None:
+            assert r["ratio"] > 0
+        if r["target"]:
+            assert r["met"] in (True, False)
+    assert (tmp_path / "pipeline_stage2_timeline.png").is_file()
+    assert main(["--only", "nonsense", "--out", str(out)]) == 2
