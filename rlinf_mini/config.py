@@ -151,8 +151,9 @@ class VideoConfig:
 
 @dataclass
 class EnvSplitConfig:
-    env_type: Literal["fake", "gymnasium"] = "fake"
-    """'fake' (rlinf_mini's CPU env) or 'gymnasium' (any installed gymnasium id in init_params.id)."""
+    env_type: Literal["fake", "gymnasium", "maniskill"] = "fake"
+    """'fake' (rlinf_mini's CPU envs), 'gymnasium' (any installed gymnasium id in init_params.id) or 'maniskill'
+    (a ManiSkill3 id; needs the maniskill extra and a render device)."""
     total_num_envs: int = 16
     """Sub-envs across all env ranks and pipeline stages."""
     auto_reset: bool = True

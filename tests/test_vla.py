@@ -120,7 +120,7 @@ def test_pixel_reach_split_invariance_groups_and_resume():
         assert torch.equal(got[0]["images"], want[0]["images"]) and torch.equal(got[1], want[1])
 
 
-# --- the model ----------------------------------------------------------------------------------------------------------
+# --- the model --------------------------------------------------------------------------------------------------------
 
 
 def _inputs(policy: TinyVLAPolicy, n: int = 16, seed: int = 0) -> dict:
@@ -220,7 +220,7 @@ def test_make_tiny_vla_command(tmp_path):
     assert main(["--out", str(tmp_path / "x"), "--config", "configs/nope.yaml"]) == 2
 
 
-# --- eval video and learning curve --------------------------------------------------------------------------------------
+# --- eval video and learning curve ------------------------------------------------------------------------------------
 
 
 def test_video_recorder_frames_text_and_stop(tmp_path):

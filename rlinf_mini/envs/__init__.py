@@ -80,6 +80,10 @@ def get_env_spec(cfg: EnvSplitConfig, key: str = "env.train") -> EnvSpec:
 
             return pixel_reach_spec(cfg)
         return EnvSpec(obs_dim=2 * cfg.init_params.dim, action_dim=cfg.init_params.dim, discrete=False)
+    if cfg.env_type == "maniskill":
+        from rlinf_mini.envs.maniskill import maniskill_env_spec
+
+        return maniskill_env_spec(cfg, key)
     # Imported here: the fake env needs no gymnasium, and the env modules import EnvSpec from this file.
     from rlinf_mini.envs.gym_adapter import gym_env_spec
 
@@ -106,4 +110,8 @@ def make_env(cfg: EnvSplitConfig, env_ids: torch.Tensor, num_action_chunks: int,
         from rlinf_mini.envs.gym_adapter import GymnasiumVectorEnv
 
         return GymnasiumVectorEnv(cfg, env_ids, num_action_chunks, key)
-    raise EnvError(f"{key}.env_type: unknown env type {cfg.env_type!r} (known: 'fake', 'gymnasium')")
+    if cfg.env_type == "maniskill":
+        from rlinf_mini.envs.maniskill import ManiSkillVectorEnv
+
+        return ManiSkillVectorEnv(cfg, env_ids, num_action_chunks, key)
+    raise EnvError(f"{key}.env_type: unknown env type {cfg.env_type!r} (known: 'fake', 'gymnasium', 'maniskill')")

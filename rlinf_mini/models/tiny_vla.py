@@ -73,7 +73,8 @@ class TinyVLAConfig(PretrainedConfig):
     def backbone_config(self) -> BertConfig:
         num_patches = (self.image_size // self.patch_size) ** 2
         seq_len = num_patches + self.max_prompt_length + (self.state_dim > 0) + self.action_dim * self.num_action_chunks
-        return BertConfig(vocab_size=self.vocab_size, pad_token_id=0, hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
+        return BertConfig(vocab_size=self.vocab_size, pad_token_id=0, hidden_size=self.hidden_size,
+                          num_hidden_layers=self.num_hidden_layers,
                           num_attention_heads=self.num_attention_heads, intermediate_size=2 * self.hidden_size,
                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=seq_len,
                           type_vocab_size=1, attn_implementation="eager")
