@@ -1,5 +1,5 @@
-"""MuJoCo Reacher-v5 (configs/embodied_mujoco.yaml): the trained policy's eval return vs a uniformly random policy's,
-on the same eval episodes.
+"""MuJoCo InvertedPendulum-v5 (configs/embodied_mujoco.yaml): the trained policy's eval return vs a uniformly random
+policy's, on the same eval episodes.
 
     MUJOCO_GL=egl python -m benchmarks.mujoco_vs_random               # trains (a few minutes on 2 cores)
     MUJOCO_GL=egl python -m benchmarks.mujoco_vs_random --quick       # 10 steps: a smoke run

@@ -25,6 +25,8 @@ def test_simulator_configs_load():
 
 @pytest.mark.skipif(not HAS_MUJOCO, reason="mujoco not installed (pip install -e '.[mujoco]')")
 def test_mujoco_reacher_steps_and_renders_video_frames(tmp_path):
+    from PIL import Image
+
     from rlinf_mini.envs.video import EvalVideoRecorder
 
     cfg = EnvSplitConfig(env_type="gymnasium", init_params=InitParams(id="Reacher-v5"), max_episode_steps=5,
@@ -41,8 +43,7 @@ def test_mujoco_reacher_steps_and_renders_video_frames(tmp_path):
     assert trunc.all() and len(stats["return"]) == 2
     frames = env.render()
     assert frames.dtype == torch.uint8 and frames.shape[:2] == (2, 3) and frames.float().std() > 0
-    from PIL import Image
-
+    assert Image.open(rec.save(tmp_path, "r")[0]).size[0] == 256  # 480 x 480 renders scaled down
     gif = Image.open(rec.save(tmp_path, "r")[0])
     assert gif.n_frames == 6  # reset + 5 steps (the last one ends the episode)
     env.close()

@@ -6,8 +6,9 @@
 
 Frames are the obs images when the obs is a dict with `images` (PixelReach), else `env.render()` (gymnasium envs made
 with render_mode 'rgb_array' when video_cfg.save_video is set). Small frames are upscaled (nearest neighbour) to at
-least 192 pixels, and a text band below shows the instruction (or the env id), the return so far and SUCCESS once the
-episode has terminated successfully. A sub-env's recording stops at the end of its episode. Written with Pillow.
+least 192 pixels, large ones scaled down to 256; a text band below shows the instruction (or the env id), the return
+so far and SUCCESS once the episode has terminated successfully. A sub-env's recording stops at the end of its episode
+or after 200 frames. Written with Pillow.
 
 RLinf counterpart: `rlinf/envs/wrappers/record_video.py` (RecordVideo, `video_cfg.save_video/info_on_video/
 video_base_dir`); RLinf writes mp4 through imageio, here gifs, which need no codec.
@@ -25,6 +26,10 @@ from rlinf_mini.config import VideoConfig
 
 MIN_SIDE = 192
 """Frames are upscaled by an integer factor until they are at least this many pixels wide."""
+MAX_SIDE = 256
+"""Larger frames (MuJoCo renders 480 x 480) are scaled down to this width, to keep the gifs small."""
+MAX_FRAMES = 200
+"""A recording stops after this many frames (long MuJoCo episodes)."""
 TEXT_BAND = 30
 FRAME_MS = 400
 
@@ -48,14 +53,17 @@ class EvalVideoRecorder:
     def _capture(self, env, obs) -> None:
         texts = list(obs["task_descriptions"][: self.n]) if isinstance(obs, dict) else [self.label] * self.n
         for i, img in enumerate(self._images(env, obs)):
-            if self.done[i] and self.frames[i]:
+            if (self.done[i] and self.frames[i]) or len(self.frames[i]) >= MAX_FRAMES:
                 continue
             self.frames[i].append(self._frame(img, texts[i], i))
 
     def _frame(self, img: np.ndarray, text: str, i: int) -> Image.Image:
         h, w = img.shape[:2]
-        scale = max(1, -(-MIN_SIDE // w))  # ceil
-        pic = Image.fromarray(img).resize((w * scale, h * scale), Image.NEAREST)
+        if w > MAX_SIDE:
+            pic = Image.fromarray(img).resize((MAX_SIDE, h * MAX_SIDE // w), Image.BILINEAR)
+        else:
+            scale = max(1, -(-MIN_SIDE // w))  # ceil: pixel art stays sharp
+            pic = Image.fromarray(img).resize((w * scale, h * scale), Image.NEAREST)
         if not self.cfg.info_on_video:
             return pic
         out = Image.new("RGB", (pic.width, pic.height + TEXT_BAND), (40, 40, 40))
