@@ -134,12 +134,29 @@ class InitParams:
     """rlinf_mini, fake env: dimension of the reach space (obs = [position, goal], action in R^dim)."""
     goal_radius: float = 0.15
     """rlinf_mini, fake env: the episode succeeds when the position is this close to the goal."""
+    grid_size: int = 5
+    """rlinf_mini, PixelReach-v0: the grid is grid_size x grid_size cells."""
+    cell_pixels: int = 4
+    """rlinf_mini, PixelReach-v0: each cell is cell_pixels x cell_pixels pixels (image side = grid_size * this)."""
+
+
+@dataclass
+class VideoConfig:
+    save_video: bool = False
+    """Write, at each evaluation, a gif per recorded eval sub-env (the instruction and the outcome drawn on it)."""
+    info_on_video: bool = True
+    """Draw the instruction (or env id), the return so far and success on the frames."""
+    video_base_dir: str = ""
+    """Folder for the videos; '' = <log_path>/<experiment_name>/videos."""
+    num_videos: int = 4
+    """rlinf_mini: record this many sub-envs per env rank (the first ones of pipeline stage 0)."""
 
 
 @dataclass
 class EnvSplitConfig:
-    env_type: Literal["fake", "gymnasium"] = "fake"
-    """'fake' (rlinf_mini's CPU env) or 'gymnasium' (any installed gymnasium id in init_params.id)."""
+    env_type: Literal["fake", "gymnasium", "maniskill"] = "fake"
+    """'fake' (rlinf_mini's CPU envs), 'gymnasium' (any installed gymnasium id in init_params.id) or 'maniskill'
+    (a ManiSkill3 id; needs the maniskill extra and a render device)."""
     total_num_envs: int = 16
     """Sub-envs across all env ranks and pipeline stages."""
     auto_reset: bool = True
@@ -160,6 +177,8 @@ class EnvSplitConfig:
     """rlinf_mini: sleep this long per env step, to emulate a slow simulator (RLinf's InsertDelay wrapper)."""
     init_params: InitParams = field(default_factory=InitParams)
     """Parameters for constructing the env."""
+    video_cfg: VideoConfig = field(default_factory=VideoConfig)
+    """Eval videos (read for env.eval only)."""
 
 
 @dataclass
@@ -176,8 +195,8 @@ class EnvConfig:
 
 @dataclass
 class ModelConfig:
-    model_type: Literal["mlp_policy"] = "mlp_policy"
-    """Policy architecture."""
+    model_type: Literal["mlp_policy", "tiny_vla"] = "mlp_policy"
+    """Policy architecture: 'mlp_policy' (state vectors) or 'tiny_vla' (images + instruction -> action tokens)."""
     model_path: str = ""
     """A saved model folder (config.json + model.safetensors) to start from; '' builds a fresh model from this
     config."""
@@ -188,7 +207,15 @@ class ModelConfig:
     num_action_chunks: int = 1
     """Actions predicted per inference and executed open-loop by the env."""
     hidden_dim: int = 64
-    """Width of the MLP's hidden layers."""
+    """Width of the MLP's hidden layers (tiny_vla: the transformer's hidden size)."""
+    num_layers: int = 2
+    """rlinf_mini, tiny_vla: transformer layers."""
+    patch_size: int = 4
+    """rlinf_mini, tiny_vla: image patch side in pixels (PixelReach: equal to cell_pixels, one patch per cell)."""
+    n_action_bins: int = 3
+    """tiny_vla: each action dim is one token over this many bins, mapped to linspace(-1, 1, n_action_bins)."""
+    max_prompt_length: int = 8
+    """tiny_vla: instruction tokens (padded or truncated to this length)."""
     add_value_head: bool = True
     """Add a value head (needed by adv_type 'gae')."""
     precision: str = "32"
@@ -246,6 +273,13 @@ class RolloutModelConfig:
 
 
 @dataclass
+class SamplingParams:
+    temperature_train: float = 1.0
+    """tiny_vla: the action tokens of training rollouts are sampled from softmax(logits / temperature_train) (the
+    actor recomputes log-probs with the same temperature); evaluation takes the argmax."""
+
+
+@dataclass
 class RolloutConfig:
     group_name: str = "RolloutGroup"
     """Worker group name."""
@@ -253,6 +287,8 @@ class RolloutConfig:
     """Split each env rank's envs into this many stages: the env steps stage k while the rollout infers stage k+1."""
     model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
     """The rollout's copy of the policy."""
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    """How the rollout samples action tokens (tiny_vla)."""
 
 
 @dataclass
@@ -466,6 +502,10 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         "actor.micro_batch_size": cfg.actor.micro_batch_size,
         "actor.model.num_action_chunks": cfg.actor.model.num_action_chunks,
         "actor.model.hidden_dim": cfg.actor.model.hidden_dim,
+        "actor.model.num_layers": cfg.actor.model.num_layers,
+        "actor.model.patch_size": cfg.actor.model.patch_size,
+        "actor.model.max_prompt_length": cfg.actor.model.max_prompt_length,
+        "rollout.sampling_params.temperature_train": cfg.rollout.sampling_params.temperature_train,
         "cluster.timeout_s": cfg.cluster.timeout_s,
     }
     for split in ("train", "eval"):
@@ -483,11 +523,15 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         if e.max_steps_per_rollout_epoch % chunks:
             fail(f"env.{split}.max_steps_per_rollout_epoch",
                  f"{e.max_steps_per_rollout_epoch} is not a multiple of actor.model.num_action_chunks={chunks}")
-        if e.env_type == "fake" and e.init_params.id != "FakeReach-v0":
-            fail(f"env.{split}.init_params.id", f"unknown fake env id {e.init_params.id!r} (known: 'FakeReach-v0')")
+        if e.env_type == "fake" and e.init_params.id not in ("FakeReach-v0", "PixelReach-v0"):
+            fail(f"env.{split}.init_params.id",
+                 f"unknown fake env id {e.init_params.id!r} (known: 'FakeReach-v0', 'PixelReach-v0')")
         if e.env_type == "fake":  # the gymnasium env ignores these two
             positive |= {f"env.{split}.init_params.dim": e.init_params.dim,
-                         f"env.{split}.init_params.goal_radius": e.init_params.goal_radius}
+                         f"env.{split}.init_params.goal_radius": e.init_params.goal_radius,
+                         f"env.{split}.init_params.cell_pixels": e.init_params.cell_pixels}
+            if e.init_params.grid_size < 2:  # three objects on distinct cells
+                fail(f"env.{split}.init_params.grid_size", f"must be >= 2, got {e.init_params.grid_size}")
     positive |= {"actor.optim.lr": cfg.actor.optim.lr, "actor.optim.value_lr": cfg.actor.optim.value_lr}
     for key, value in positive.items():
         if value <= 0:
@@ -513,6 +557,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("algorithm.gae_lambda", f"must be in [0, 1], got {cfg.algorithm.gae_lambda}")
     for key in ("actor.model.model_path", "rollout.model.model_path"):
         path = cfg.actor.model.model_path if key.startswith("actor") else cfg.rollout.model.model_path
+        if path and key.startswith("actor") and cfg.actor.model.model_type == "tiny_vla" and not Path(path).exists():
+            continue  # the train entry creates the tiny VLA's initial folder
         if path and not (Path(path) / "config.json").is_file():
             fail(key, f"{path!r} is not a model folder (no config.json there)")
     if cfg.runner.resume_dir not in (None, "auto") and not Path(cfg.runner.resume_dir).is_dir():
@@ -522,6 +568,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
             fail("runner.logger.logger_backends", f"unknown backend {backend!r} (known: 'tensorboard')")
     if not cfg.cluster.component_placement:
         fail("cluster.component_placement", "is empty")
+    if cfg.actor.model.n_action_bins < 2:
+        fail("actor.model.n_action_bins", f"must be >= 2, got {cfg.actor.model.n_action_bins}")
 
 
 def check_batch_arithmetic(cfg: TrainConfig, env_world_size: int, rollout_world_size: int,

@@ -28,6 +28,7 @@ import torch
 from rlinf_mini import tracer
 from rlinf_mini.channel import Channel
 from rlinf_mini.config import TrainConfig
+from rlinf_mini.learning_curve import plot_learning_curve
 from rlinf_mini.metric_logger import MetricLogger
 from rlinf_mini.worker import WorkerGroup
 
@@ -109,7 +110,11 @@ class EmbodiedRunner:
         }
 
     def evaluate(self) -> dict[str, float]:
-        env_run = self.env.evaluate(self.rollout_channel, self.env_channel)
+        video_cfg = self.cfg.env.eval.video_cfg
+        video_dir = ""
+        if video_cfg.save_video:  # one gif per recorded eval sub-env: <video_base_dir>/step_<N>/rank<r>_env<i>.gif
+            video_dir = str(Path(video_cfg.video_base_dir or self.run_dir / "videos") / f"step_{self.global_step}")
+        env_run = self.env.evaluate(self.rollout_channel, self.env_channel, video_dir)
         self.rollout.evaluate(self.rollout_channel, self.env_channel).wait()
         per_rank = env_run.wait()
         total = {k: sum(m[k] for m in per_rank) for k in per_rank[0]}
@@ -169,6 +174,7 @@ class EmbodiedRunner:
             if bar is not None:
                 bar.close()
             self.logger.close()
+        plot_learning_curve(self.history, self.run_dir / "learning_curve.png")
         return self.history
 
     # --- timeline ------------------------------------------------------------------------------------------------

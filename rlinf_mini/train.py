@@ -38,7 +38,13 @@ class RunPlan:
         eval_spec = get_env_spec(cfg.env.eval, "env.eval")
         if eval_spec != spec:
             raise ConfigError(f"{source}: env.eval: its spaces {eval_spec} differ from env.train's {spec}")
-        build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete)  # a bad model_path fails here
+        path = cfg.actor.model.model_path
+        if cfg.actor.model.model_type == "tiny_vla" and path and not Path(path).exists():
+            from rlinf_mini.models.make_tiny_vla import create_tiny_vla
+
+            create_tiny_vla(cfg, path)  # the initial HF folder, as `python -m rlinf_mini.models.make_tiny_vla`
+        build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete,  # a bad model_path fails here
+                     image_shape=spec.image_shape)
         self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
 
 

@@ -10,8 +10,10 @@ the observations of all stages first; from then on, while it steps stage k, the 
 actions of stage k+1, whose observations arrived earlier. With S = 1 the two wait for each other; with S = 2 and
 equal env and inference times, each hides the other (RLinf's "fine-grained pipelining").
 
-Queues (`Channel` keys):  Rollout channel ("train"|"eval", env rank, stage) carries {obs [B, D], env_ids [B],
-sample_step}; Env channel, same keys, carries {actions [B, C, A] or [B, C], logprobs [B], values [B], version}.
+Queues (`Channel` keys):  Rollout channel ("train"|"eval", env rank, stage) carries {obs, env_ids [B], sample_step}
+(obs: [B, D] states, or a dict with images [B, 3, H, W] and task_descriptions strings); Env channel, same keys, carries
+{actions [B, C, A] or [B, C], logprobs [B], values [B], version} and, for models that tokenize (the VLA), the
+forward_inputs (images, token ids, action tokens), which the env stores in the trajectory in place of the raw obs.
 After T = max_steps_per_rollout_epoch / C chunk steps the rollout infers once more for the bootstrap values, so a
 trajectory holds values [T+1, B]. At the end of the rollout epoch(s) the env cuts its trajectories into pieces, one
 per actor share, and puts them on the Actor channel.
@@ -21,7 +23,7 @@ and the step only, so pipelined and unpipelined rollouts (or 1 and 2 env ranks) 
 
 RLinf counterpart: `rlinf/workers/env/env_worker.py::EnvWorker` (`interact`, `evaluate`, `_run_interact_once`) and
 `rlinf/workers/rollout/hf/huggingface_worker.py::MultiStepRolloutWorker` (`generate`, `sync_model_from_actor`).
-Left out: reward models, dict observations, offloading, `send_to`/`recv_from` routing (keys do that job here).
+Left out: reward models, offloading, `send_to`/`recv_from` routing (keys do that job here).
 Next stage: `stages/advantages.py`.
 """
 
@@ -37,8 +39,10 @@ import torch
 from rlinf_mini.channel import Channel
 from rlinf_mini.config import EnvSplitConfig, TrainConfig
 from rlinf_mini.envs import EnvSpec, get_env_spec, make_env
+from rlinf_mini.envs.video import EvalVideoRecorder
 from rlinf_mini.models import build_policy
 from rlinf_mini.seeding import counter_uniform
+from rlinf_mini.tensor_tree import tree_cat, tree_map, tree_stack
 from rlinf_mini.tracer import span
 from rlinf_mini.worker import Worker
 from stages.sync import WeightBufferHandle, WeightReceiver
@@ -82,7 +86,8 @@ class EnvWorker(Worker):
         return self.train_envs[0].spec
 
     def _run_epoch(self, mode: str, envs: list, obs: list[torch.Tensor], n_steps: int, sample_base: int,
-                   rollout_channel: Channel, env_channel: Channel, record: bool) -> tuple[list[dict], dict]:
+                   rollout_channel: Channel, env_channel: Channel, record: bool,
+                   video: EvalVideoRecorder | None = None) -> tuple[list[dict], dict]:
         """One rollout epoch over all stages: n_steps chunk steps (+1 value-only inference when `record`)."""
         rollout_of = self._rank // (self._world_size // self.world_sizes["rollout"])
         expected = f"{self.cfg.rollout.group_name} rank {rollout_of}"
@@ -99,7 +104,7 @@ class EnvWorker(Worker):
                     next_obs, rewards, terminations, truncations, ep = env.chunk_step(out["actions"])
                 if record:
                     tr = trajs[k]
-                    tr["obs"].append(obs[k])
+                    tr["obs"].append(out.get("forward_inputs", obs[k]))  # what the actor's model reads
                     tr["actions"].append(out["actions"])
                     tr["logprobs"].append(out["logprobs"])
                     tr["values"].append(out["values"])
@@ -108,6 +113,8 @@ class EnvWorker(Worker):
                     tr["versions"].append(torch.full_like(out["logprobs"], out["version"], dtype=torch.int64))
                 for name in stats:
                     stats[name].append(ep[name])
+                if video is not None and k == 0:
+                    video.add(env, next_obs, rewards, terminations)
                 obs[k] = next_obs
                 if t + 1 < n_steps or record:  # the last observation is only needed for the bootstrap value
                     rollout_channel.put({"obs": next_obs, "env_ids": env.env_ids,
@@ -116,7 +123,7 @@ class EnvWorker(Worker):
             for k in range(self.stage_num):
                 out = env_channel.get(key=keys[k], expected_from=expected)
                 trajs[k]["values"].append(out["values"])
-        stacked = [{name: torch.stack(v) for name, v in tr.items()} for tr in trajs] if record else []
+        stacked = [{name: tree_stack(v) for name, v in tr.items()} for tr in trajs] if record else []
         return stacked, {name: torch.cat(v) if v else torch.zeros(0) for name, v in stats.items()}
 
     def interact(self, rollout_channel: Channel, env_channel: Channel, actor_channel: Channel,
@@ -132,13 +139,14 @@ class EnvWorker(Worker):
             trajs, stats = self._run_epoch("train", self.train_envs, self.last_obs, n_steps, sample_base,
                                            rollout_channel, env_channel, record=True)
             # [T(+1), B_stage, ...] per stage -> [T(+1), B_rank, ...]: stages side by side, in env-id order
-            epochs.append({name: torch.cat([tr[name] for tr in trajs], dim=1) for name in TRAJECTORY_KEYS})
+            epochs.append({name: tree_cat([tr[name] for tr in trajs], dim=1) for name in TRAJECTORY_KEYS})
             all_stats.append(stats)
-        batch = {name: torch.cat([e[name] for e in epochs], dim=1) for name in TRAJECTORY_KEYS}
+        batch = {name: tree_cat([e[name] for e in epochs], dim=1) for name in TRAJECTORY_KEYS}
         per_env_rank, _ = actor_pieces(self._world_size, self.world_sizes["actor"])
         width = batch["rewards"].shape[1] // per_env_rank
         for q in range(per_env_rank):  # piece p of the global batch goes to actor rank p // pieces_per_actor
-            piece = {name: v[:, q * width : (q + 1) * width].contiguous() for name, v in batch.items()}
+            cols = slice(q * width, (q + 1) * width)
+            piece = {name: tree_map(lambda t, c=cols: t[:, c].contiguous(), v) for name, v in batch.items()}
             actor_channel.put(piece, key=("traj", self._rank * per_env_rank + q))
         stats = {name: torch.cat([s[name] for s in all_stats]) for name in all_stats[0]}
         n = len(stats["return"])
@@ -153,13 +161,17 @@ class EnvWorker(Worker):
                                   else float("nan")),
         }
 
-    def evaluate(self, rollout_channel: Channel, env_channel: Channel) -> dict[str, float]:
-        """One episode per eval sub-env with deterministic actions; unfinished episodes count as failures."""
+    def evaluate(self, rollout_channel: Channel, env_channel: Channel, video_dir: str = "") -> dict[str, float]:
+        """One episode per eval sub-env with deterministic actions; unfinished episodes count as failures.
+        With a `video_dir`, the first video_cfg.num_videos sub-envs of stage 0 are recorded there as gifs."""
         split = self.cfg.env.eval
         obs = [env.reset() for env in self.eval_envs]
+        video = EvalVideoRecorder(split.video_cfg, self.eval_envs[0], obs[0]) if video_dir else None
         n_steps = split.max_steps_per_rollout_epoch // self.chunks
         _, stats = self._run_epoch("eval", self.eval_envs, obs, n_steps, 0, rollout_channel, env_channel,
-                                   record=False)
+                                   record=False, video=video)
+        if video is not None:
+            video.save(video_dir, prefix=f"rank{self._rank}")
         num_envs = sum(env.num_envs for env in self.eval_envs)
         n = len(stats["return"])
         return {
@@ -199,9 +211,10 @@ class RolloutWorker(Worker):
         if self.cfg.rollout.model.model_path:
             model_cfg = dataclasses.replace(model_cfg, model_path=self.cfg.rollout.model.model_path)
         self.spec = spec
-        self.model = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete).to(self.device).eval()
+        self.model = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
+                                  self.cfg.rollout.sampling_params.temperature_train).to(self.device).eval()
         self.receiver = WeightReceiver(self.model)
-        self.noise_width = self.chunks * spec.action_dim  # Box: one normal per action dim; Discrete: one per choice
+        self.noise_width = self.model.noise_width  # uniforms per sample (MLP: per action dim or choice; VLA: per bin)
         return self.receiver.handle()
 
     def sync_model_from_actor(self, version: int) -> float:
@@ -221,16 +234,19 @@ class RolloutWorker(Worker):
                         producer = f"{self.cfg.env.group_name} rank {env_rank}"
                         with span("wait_obs", stage=k):
                             msg = rollout_channel.get(key=key, expected_from=producer)
-                        obs = msg["obs"].to(self.device)
+                        obs = self.model.prepare_inputs(msg["obs"])  # the VLA tokenizes the instructions here
                         noise = None
                         if mode == "train":
                             noise = counter_uniform(seed, msg["env_ids"], msg["sample_step"], self.noise_width)
                             noise = noise.to(self.device)
                         with span("inference", stage=k):
                             out = self.model.predict_action_batch(obs, noise, mode=mode)
-                        env_channel.put({"actions": out["actions"].cpu(), "logprobs": out["logprobs"].cpu(),
-                                         "values": out["values"].cpu(), "version": self.receiver.version}, key=key)
-                        served += obs.shape[0]
+                        reply = {"actions": out["actions"].cpu(), "logprobs": out["logprobs"].cpu(),
+                                 "values": out["values"].cpu(), "version": self.receiver.version}
+                        if "forward_inputs" in out and mode == "train":
+                            reply["forward_inputs"] = tree_map(lambda t: t.cpu(), out["forward_inputs"])
+                        env_channel.put(reply, key=key)
+                        served += len(msg["env_ids"])
         return served
 
     def generate(self, rollout_channel: Channel, env_channel: Channel) -> dict[str, float]:

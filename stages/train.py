@@ -36,6 +36,7 @@ from rlinf_mini.channel import Channel
 from rlinf_mini.config import TrainConfig
 from rlinf_mini.envs import get_env_spec
 from rlinf_mini.models import build_policy
+from rlinf_mini.tensor_tree import tree_cat, tree_map
 from rlinf_mini.tracer import span
 from rlinf_mini.worker import Worker
 from stages.advantages import calculate_adv_and_returns
@@ -96,7 +97,8 @@ class ActorWorker(Worker):
                                     timeout=datetime.timedelta(seconds=self.cfg.cluster.timeout_s))
         spec = get_env_spec(self.cfg.env.train)
         torch.manual_seed(self.cfg.actor.seed)  # same seed on every rank: identical initial weights
-        self.policy = build_policy(self.cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete).to(self.device)
+        self.policy = build_policy(self.cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
+                                   self.cfg.rollout.sampling_params.temperature_train).to(self.device)
         self.model = self.policy
         if self._world_size > 1:
             # with loss_type "actor" the value head gets no gradient; DDP must be told to expect that
@@ -130,7 +132,8 @@ class ActorWorker(Worker):
         for p in range(self._rank * per_actor, (self._rank + 1) * per_actor):
             pieces.append(actor_channel.get(key=("traj", p),
                                             expected_from=f"{self.cfg.env.group_name} rank {p // per_env}"))
-        self.batch = {name: torch.cat([pc[name] for pc in pieces], dim=1).to(self.device) for name in pieces[0]}
+        self.batch = {name: tree_map(lambda t: t.to(self.device), tree_cat([pc[name] for pc in pieces], dim=1))
+                      for name in pieces[0]}
         return self.batch["rewards"].shape[1]
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -161,8 +164,8 @@ class ActorWorker(Worker):
         """`update_epoch` passes over this rank's samples, in minibatches of global_batch_size / W."""
         cfg, algo, b = self.cfg.actor, self.cfg.algorithm, self.batch
         T, B = b["rewards"].shape
-        flat = {  # [T, B, ...] -> [N, ...], N = T * B
-            "obs": b["obs"].reshape(T * B, -1),
+        flat = {  # [T, B, ...] -> [N, ...], N = T * B; obs may be a dict (the VLA's images, token ids, action tokens)
+            "obs": tree_map(lambda t: t.reshape(T * B, *t.shape[2:]), b["obs"]),
             "actions": b["actions"].reshape(T * B, *b["actions"].shape[2:]),
             "old_logprobs": b["logprobs"].reshape(-1),
             "old_values": b["values"][:T].reshape(-1),
@@ -186,7 +189,7 @@ class ActorWorker(Worker):
                 self.optimizer.zero_grad(set_to_none=True)
                 for m in range(accum):
                     idx = mb_idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]
-                    mb = {k: v[idx] for k, v in flat.items()}
+                    mb = {k: tree_map(lambda t, i=idx: t[i], v) for k, v in flat.items()}
                     last = m == accum - 1
                     # DDP all-reduces gradients in backward(); skip it until the last micro-batch
                     ctx = self.model.no_sync() if (self._world_size > 1 and not last) else contextlib.nullcontext()
@@ -250,7 +253,7 @@ class ActorWorker(Worker):
 
     def get_rollout_batch(self) -> dict[str, torch.Tensor]:
         """This rank's trajectories (and, after stage 4, advantages): for tests and tutorials."""
-        return {k: v.detach().cpu().clone() for k, v in self.batch.items()}
+        return {k: tree_map(lambda t: t.detach().cpu().clone(), v) for k, v in self.batch.items()}
 
     def close(self) -> None:
         if getattr(self, "sender", None) is not None:

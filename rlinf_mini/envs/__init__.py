@@ -7,7 +7,9 @@
 
 Every VectorEnv (FakeReachEnv in fake_reach.py, GymnasiumVectorEnv in gym_adapter.py) has `spec`, `num_envs`, and:
 
-- `reset() -> obs [B, obs_dim] float32`: starts a new episode in every sub-env (a new "reset round").
+- `reset() -> obs`: starts a new episode in every sub-env (a new "reset round"). obs is a float32 tensor [B, obs_dim]
+  (FakeReach, gymnasium) or, for image + language envs (PixelReach), a dict like RLinf's: `images` uint8 [B, 3, H, W],
+  `task_descriptions` (B strings), `states` float32 [B, obs_dim].
 - `chunk_step(actions)`: actions [B, C, A] float32 (Box) or [B, C] int64 (Discrete), executed open loop for C sub-steps.
   Returns obs [B, obs_dim], rewards [B, C] float32, terminations [B, C] bool, truncations [B, C] bool, and
   episode_stats {"return", "episode_len", "success_once"}: one float32 entry per episode that ended during the call
@@ -23,7 +25,8 @@ Every VectorEnv (FakeReachEnv in fake_reach.py, GymnasiumVectorEnv in gym_adapte
 - If cfg.step_latency_s > 0, each sub-step sleeps that long (emulating a slow simulator; RLinf's InsertDelay wrapper).
 
 RLinf counterpart: `rlinf/envs/__init__.py::get_env_cls` and `ManiskillEnv.chunk_step` (rlinf-map.md, section 9).
-Left out: dict observations, rendering/video, offloading, `ignore_terminations`, and the `final_observation` info.
+Optional: `render() -> uint8 [B, 3, H, W]` frames for eval videos (rlinf_mini/envs/video.py).
+Left out: offloading, `ignore_terminations`, and the `final_observation` info.
 RLinf's ManiSkill env finishes a chunk in the ended episode and resets after it; we reset at once, as stated above.
 """
 
@@ -39,8 +42,11 @@ from rlinf_mini.config import EnvSplitConfig
 if TYPE_CHECKING:
     from rlinf_mini.envs.fake_reach import FakeReachEnv
     from rlinf_mini.envs.gym_adapter import GymnasiumVectorEnv
+    from rlinf_mini.envs.pixel_reach import PixelReachEnv
 
 FAKE_REACH_ID = "FakeReach-v0"
+PIXEL_REACH_ID = "PixelReach-v0"
+FAKE_IDS = (FAKE_REACH_ID, PIXEL_REACH_ID)
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class EnvSpec:
     """Box: its dimension; Discrete: the number of choices."""
     discrete: bool
     """True for a Discrete action space (actions are int64 indices)."""
+    image_shape: tuple[int, ...] = ()
+    """(3, H, W) for envs whose obs dict has `images` (PixelReach-v0); () for flat state vectors."""
 
 
 class EnvError(ValueError):
@@ -58,15 +66,24 @@ class EnvError(ValueError):
 
 
 def _check_fake_id(cfg: EnvSplitConfig, key: str) -> None:
-    if cfg.init_params.id != FAKE_REACH_ID:
-        raise EnvError(f"{key}.init_params.id: unknown fake env id {cfg.init_params.id!r} (known: {FAKE_REACH_ID!r})")
+    if cfg.init_params.id not in FAKE_IDS:
+        known = ", ".join(map(repr, FAKE_IDS))
+        raise EnvError(f"{key}.init_params.id: unknown fake env id {cfg.init_params.id!r} (known: {known})")
 
 
 def get_env_spec(cfg: EnvSplitConfig, key: str = "env.train") -> EnvSpec:
     """The obs/action sizes of the env that `cfg` describes (for gymnasium, builds one env and closes it)."""
     if cfg.env_type == "fake":
         _check_fake_id(cfg, key)
+        if cfg.init_params.id == PIXEL_REACH_ID:
+            from rlinf_mini.envs.pixel_reach import pixel_reach_spec
+
+            return pixel_reach_spec(cfg)
         return EnvSpec(obs_dim=2 * cfg.init_params.dim, action_dim=cfg.init_params.dim, discrete=False)
+    if cfg.env_type == "maniskill":
+        from rlinf_mini.envs.maniskill import maniskill_env_spec
+
+        return maniskill_env_spec(cfg, key)
     # Imported here: the fake env needs no gymnasium, and the env modules import EnvSpec from this file.
     from rlinf_mini.envs.gym_adapter import gym_env_spec
 
@@ -74,7 +91,7 @@ def get_env_spec(cfg: EnvSplitConfig, key: str = "env.train") -> EnvSpec:
 
 
 def make_env(cfg: EnvSplitConfig, env_ids: torch.Tensor, num_action_chunks: int,
-             key: str = "env.train") -> FakeReachEnv | GymnasiumVectorEnv:
+             key: str = "env.train") -> FakeReachEnv | PixelReachEnv | GymnasiumVectorEnv:
     """The vector env for global sub-env ids `env_ids` [B] (e.g. torch.arange(8, 16) for the second of two stages).
 
     `key` ('env.train' or 'env.eval') only names the config section in error messages.
@@ -82,6 +99,10 @@ def make_env(cfg: EnvSplitConfig, env_ids: torch.Tensor, num_action_chunks: int,
     env_ids = torch.as_tensor(env_ids, dtype=torch.int64).reshape(-1)
     if cfg.env_type == "fake":
         _check_fake_id(cfg, key)
+        if cfg.init_params.id == PIXEL_REACH_ID:
+            from rlinf_mini.envs.pixel_reach import PixelReachEnv
+
+            return PixelReachEnv(cfg, env_ids, num_action_chunks)
         from rlinf_mini.envs.fake_reach import FakeReachEnv
 
         return FakeReachEnv(cfg, env_ids, num_action_chunks)
@@ -89,4 +110,8 @@ def make_env(cfg: EnvSplitConfig, env_ids: torch.Tensor, num_action_chunks: int,
         from rlinf_mini.envs.gym_adapter import GymnasiumVectorEnv
 
         return GymnasiumVectorEnv(cfg, env_ids, num_action_chunks, key)
-    raise EnvError(f"{key}.env_type: unknown env type {cfg.env_type!r} (known: 'fake', 'gymnasium')")
+    if cfg.env_type == "maniskill":
+        from rlinf_mini.envs.maniskill import ManiSkillVectorEnv
+
+        return ManiSkillVectorEnv(cfg, env_ids, num_action_chunks, key)
+    raise EnvError(f"{key}.env_type: unknown env type {cfg.env_type!r} (known: 'fake', 'gymnasium', 'maniskill')")

@@ -35,8 +35,10 @@ from rlinf_mini.envs import EnvError, EnvSpec
 
 def _make_one(cfg: EnvSplitConfig, key: str) -> gymnasium.Env:
     env_id = cfg.init_params.id
+    # frames for eval videos (MuJoCo envs render through MUJOCO_GL=egl without a display)
+    render = {"render_mode": "rgb_array"} if cfg.video_cfg.save_video else {}
     try:
-        return gymnasium.make(env_id, max_episode_steps=cfg.max_episode_steps)
+        return gymnasium.make(env_id, max_episode_steps=cfg.max_episode_steps, **render)
     except gymnasium.error.UnregisteredEnv:
         raise EnvError(f"{key}.init_params.id: unknown gymnasium id {env_id!r}") from None
     except gymnasium.error.Error as e:  # malformed id, missing dependency (e.g. box2d), ...
@@ -180,6 +182,12 @@ class GymnasiumVectorEnv:
         self.obs = state["obs"].numpy().astype(np.float32, copy=True)
         for key in ("elapsed", "episode_return", "num_resets", "finished"):
             setattr(self, key, state[key].tolist())
+
+    def render(self) -> torch.Tensor:
+        """uint8 [B, 3, H, W] frames (needs env.*.video_cfg.save_video, which makes the envs with render_mode
+        'rgb_array')."""
+        frames = np.stack([env.render() for env in self.envs])  # [B, H, W, 3]
+        return torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous()
 
     def close(self) -> None:
         for env in self.envs:

@@ -1,7 +1,7 @@
 """Policies, and `build_policy`, which makes one from the `actor.model` config section.
 
 RLinf counterpart: `rlinf/models/__init__.py::get_model` (which also handles LoRA, precision and device placement;
-here the caller moves the model). Only `model_type: mlp_policy` exists.
+here the caller moves the model). `model_type`: 'mlp_policy' (mlp_policy.py) or 'tiny_vla' (tiny_vla.py).
 """
 
 from __future__ import annotations
@@ -12,13 +12,20 @@ from rlinf_mini.models.mlp_policy import MLPPolicy
 __all__ = ["MLPPolicy", "build_policy"]
 
 
-def build_policy(model_cfg: ModelConfig, obs_dim: int, action_dim: int, discrete: bool) -> MLPPolicy:
-    """Load `model_cfg.model_path` if set, else build a fresh policy; obs_dim/action_dim/discrete come from the env.
+def build_policy(model_cfg: ModelConfig, obs_dim: int, action_dim: int, discrete: bool,
+                 image_shape: tuple[int, ...] = (), temperature: float = 1.0):
+    """Load `model_cfg.model_path` if set, else build a fresh policy; obs_dim/action_dim/discrete (and image_shape,
+    for the VLA) come from the env; `temperature` is rollout.sampling_params.temperature_train (VLA only).
 
     Raises ValueError naming the config key when the model or the config disagrees with the env.
     """
+    if model_cfg.model_type == "tiny_vla":
+        from rlinf_mini.models.tiny_vla import build_tiny_vla
+
+        return build_tiny_vla(model_cfg, obs_dim, action_dim, discrete, image_shape, temperature)
     if model_cfg.model_type != "mlp_policy":
-        raise ValueError(f"actor.model.model_type: unknown model type {model_cfg.model_type!r} (known: 'mlp_policy')")
+        raise ValueError(f"actor.model.model_type: unknown model type {model_cfg.model_type!r} "
+                         "(known: 'mlp_policy', 'tiny_vla')")
     for key, value, env_value in (("obs_dim", model_cfg.obs_dim, obs_dim),
                                   ("action_dim", model_cfg.action_dim, action_dim)):
         if value not in (0, env_value):  # 0 = "from the env"

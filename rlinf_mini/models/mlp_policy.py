@@ -100,6 +100,15 @@ class MLPPolicy(nn.Module):
     # ---------------------------------------------------------------------------------------------------------------
     # Rollout and training entry points (RLinf's names)
 
+    @property
+    def noise_width(self) -> int:
+        """Uniforms per sample: one per action dim (Box) or per choice (Discrete), for each chunk step."""
+        return self.num_action_chunks * self.action_dim
+
+    def prepare_inputs(self, obs: Tensor) -> Tensor:
+        """The env's obs [B, obs_dim] is already the model's input (the VLA tokenizes here)."""
+        return obs.to(next(self.parameters()).device)
+
     def predict_action_batch(self, obs: Tensor, noise: Tensor | None, mode: str = "train") -> dict[str, Tensor]:
         """Sample (mode 'train') or pick the most likely (mode 'eval') actions for obs [B, obs_dim].
 
