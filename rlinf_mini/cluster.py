@@ -125,6 +125,15 @@ class Cluster:
                     how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
                     raise WorkerDiedError(f"{group.name} rank {rank} (pid {proc.pid}) died with {how}")
 
+    def kill_now(self) -> None:
+        """The second Ctrl-C: SIGKILL every worker at once and remove the run's shared memory (no grace period)."""
+        for group in self.groups:
+            for proc in group.procs:
+                if proc.exitcode is None:
+                    with contextlib.suppress(OSError):
+                        os.kill(proc.pid, signal.SIGKILL)
+        shm.sweep(self.run_id)
+
     def shutdown(self) -> None:
         """Stop every worker group, the channel server, and remove the run's shared memory. Idempotent."""
         if self._closed:

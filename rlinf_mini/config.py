@@ -226,6 +226,8 @@ class ActorConfig:
     """Samples per forward/backward on one rank; gradients accumulate over global / (micro x ranks) micro-batches."""
     seed: int = 1234
     """Seed of the model's initialization and the minibatch shuffle."""
+    skip_nonfinite: bool = False
+    """rlinf_mini: on a NaN/inf loss or gradient, skip that optimizer step (and log it) instead of stopping the run."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
     optim: OptimConfig = field(default_factory=OptimConfig)

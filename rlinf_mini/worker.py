@@ -29,7 +29,12 @@ import time
 import traceback
 from typing import Any
 
+from rlinf_mini import faults
+
 POLL_S = 0.1  # how often a waiting driver checks that every worker is alive
+# A group call's default wait is cluster.timeout_s plus this margin, so that a worker's own timeout (a channel get,
+# which names the key and the producer it waited for) reaches the driver before the driver's vaguer one.
+WAIT_MARGIN_S = 5.0
 
 
 class WorkerError(RuntimeError):
@@ -60,6 +65,30 @@ class Worker:
     def log(self, msg: str) -> None:
         print(f"[{self._group_name}:{self._rank}] {msg}", file=sys.stderr, flush=True)
 
+    def get_rng_state(self) -> dict[str, Any]:
+        """This process's global random generators (python, numpy, torch CPU and CUDA), for checkpoints."""
+        import random
+
+        import numpy as np
+        import torch
+
+        state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        import random
+
+        import numpy as np
+        import torch
+
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
 
 class GroupFuture:
     """The pending result of one call on some ranks of a group."""
@@ -69,7 +98,9 @@ class GroupFuture:
 
     def wait(self, timeout: float | None = None) -> list[Any]:
         """Per-rank results, in rank order. Raises WorkerError, WorkerDiedError or TimeoutError."""
-        return self.group._collect(self, self.group.cluster.timeout_s if timeout is None else timeout)
+        if timeout is None:
+            return self.group._collect(self, self.group.cluster.timeout_s + WAIT_MARGIN_S, "cluster.timeout_s + margin")
+        return self.group._collect(self, timeout, "the wait's timeout")
 
     def done(self) -> bool:
         self.group._drain()
@@ -135,13 +166,15 @@ class WorkerGroup:
         except queue.Empty:
             pass
 
-    def _collect(self, fut: GroupFuture, timeout: float) -> list[Any]:
+    def _collect(self, fut: GroupFuture, timeout: float, why: str = "") -> list[Any]:
         deadline = time.monotonic() + timeout
         while True:
             got = self._results.get(fut.call_id, {})
             for rank in fut.ranks:
                 if rank in got and not got[rank][0]:
-                    raise WorkerError(f"{self.name} rank {rank} raised in {fut.method}():\n{got[rank][1]}")
+                    missing = [r for r in fut.ranks if r not in got]
+                    pending = f" (rank(s) {missing} had not returned)" if missing else ""
+                    raise WorkerError(f"{self.name} rank {rank} raised in {fut.method}(){pending}:\n{got[rank][1]}")
             if all(r in got for r in fut.ranks):
                 del self._results[fut.call_id]
                 return [got[r][1] for r in fut.ranks]
@@ -149,7 +182,7 @@ class WorkerGroup:
             if time.monotonic() > deadline:
                 missing = [r for r in fut.ranks if r not in got]
                 raise TimeoutError(f"{self.name}.{fut.method}() did not return from rank(s) {missing} within "
-                                   f"{timeout:g} s (cluster.timeout_s)")
+                                   f"{timeout:g} s ({why})")
             self._drain(block_s=POLL_S)
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -234,6 +267,9 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         worker._group_name = os.environ["RLINF_MINI_GROUP"]
         worker._torch_before_pinning = torch_before_pinning
         worker.device = torch.device("cuda:0" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
+        fault = faults.for_this_worker(worker._group_name, rank)  # None unless RLMINI_FAULT names this worker
+        if fault is not None:
+            faults.before_call(fault, "__init__")
         worker.__init__(cfg, *args)
     except BaseException:
         result_queue.put(pickle.dumps((0, rank, False, traceback.format_exc())))
@@ -257,9 +293,13 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
                 break
             call_id, method, margs, mkwargs = msg
             try:
+                if fault is not None:
+                    faults.before_call(fault, method)
                 result = (True, getattr(worker, method)(*margs, **mkwargs))
             except BaseException:
                 result = (False, traceback.format_exc())
+            if fault is not None:
+                faults.disarm()
             try:
                 # Pickled here, not in the queue's feeder thread, where a failure would be printed and dropped.
                 payload = bytes(ForkingPickler.dumps((call_id, rank, *result)))

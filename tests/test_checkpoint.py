@@ -72,7 +72,7 @@ def test_resume_continues_bitwise(runs):
 def test_checkpoint_folder_is_complete_or_absent(runs):
     run_dir = runs[0]
     ckpt = find_latest_checkpoint(run_dir)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["actor", "env.pt", "runner.json"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["actor", "env.pt", "rng.pt", "runner.json"]
     assert (ckpt / "actor" / "model" / "config.json").is_file()  # an HF-style folder actor.model.model_path can use
     assert not list((run_dir / "checkpoints").glob(".*tmp"))
     assert ckpt.name == "global_step_4" and (run_dir / "checkpoints" / "global_step_2").is_dir()
