@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 import time
 
 ENV_VAR = "RLMINI_FAULT"
@@ -68,6 +69,7 @@ def for_this_worker(group: str, rank: int) -> Fault | None:
     fault = parse(text)
     if (fault.group is not None and fault.group != group) or (fault.rank is not None and fault.rank != rank):
         return None
+    fault.group, fault.rank = group, rank
     return fault
 
 
@@ -83,6 +85,9 @@ def before_call(fault: Fault, method: str) -> None:
     if fault.calls_seen != fault.call:
         return
     where = f"{method}() call {fault.call}"
+    # one line, with the wall time, so that a test (or a person) can tell how long the driver took to react
+    print(f"[rlmini fault] {fault.group} rank {fault.rank} pid {os.getpid()}: {fault.kind} in {where} "
+          f"at t={time.time():.3f}", file=sys.stderr, flush=True)
     if fault.kind == "raise":
         raise FaultInjected(f"injected fault in {where}")
     if fault.kind == "exit":

@@ -13,6 +13,7 @@ RLinf counterpart: `examples/embodiment/train_embodied_agent.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -41,6 +42,12 @@ class RunPlan:
         if eval_spec != spec:
             raise ConfigError(f"{source}: env.eval: its spaces {eval_spec} differ from env.train's {spec}")
         build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete)  # a bad model_path fails here
+        if cfg.rollout.model.model_path:
+            try:
+                build_policy(dataclasses.replace(cfg.actor.model, model_path=cfg.rollout.model.model_path),
+                             spec.obs_dim, spec.action_dim, spec.discrete)
+            except ValueError as e:
+                raise ConfigError(f"{source}: rollout.model.model_path: {str(e).split(': ', 1)[-1]}") from None
         self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
 
 

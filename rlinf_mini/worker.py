@@ -117,6 +117,8 @@ class WorkerGroup:
         self._cmd_queues: list = []
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._call_ids = itertools.count(1)
+        self._ready: set[int] = set()  # ranks whose worker finished its constructor
+        self._all_ready_at = 0.0  # when the last of them did (a call's clock starts no earlier)
         self._closed = False  # no more calls accepted
         self._stopped = False  # processes joined and queues closed
 
@@ -125,6 +127,7 @@ class WorkerGroup:
         self.cluster = cluster
         self.name = name or self.name
         self.world_size = placement_strategy.world_size
+        self._launched_at = time.monotonic()
         ctx = cluster.mp_context
         self._result_queue = ctx.Queue()
         for p in placement_strategy.placements:
@@ -161,13 +164,22 @@ class WorkerGroup:
                 call_id, rank, ok, value = pickle.loads(item)
                 if call_id == 0 and not ok:  # the worker's constructor raised; the process is exiting
                     raise WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
+                if call_id == 0:  # the worker is up: its process started, imported torch and ran its constructor
+                    self._ready.add(rank)
+                    if len(self._ready) == self.world_size:
+                        self._all_ready_at = time.monotonic()
+                    item = self._result_queue.get_nowait()
+                    continue
                 self._results.setdefault(call_id, {})[rank] = (ok, value)
                 item = self._result_queue.get_nowait()
         except queue.Empty:
             pass
 
     def _collect(self, fut: GroupFuture, timeout: float, why: str = "") -> list[Any]:
-        deadline = time.monotonic() + timeout
+        # Starting a process (spawn, import torch, constructor) takes seconds, many on a loaded machine; it has its
+        # own budget, and a call's clock starts once every rank is up, so a short timeout_s does not fail the start.
+        submitted = time.monotonic()
+        self._drain()
         while True:
             got = self._results.get(fut.call_id, {})
             for rank in fut.ranks:
@@ -179,7 +191,11 @@ class WorkerGroup:
                 del self._results[fut.call_id]
                 return [got[r][1] for r in fut.ranks]
             self.cluster.check_workers()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            starting = [r for r in range(self.world_size) if r not in self._ready]
+            if starting and now > self._launched_at + timeout:
+                raise TimeoutError(f"{self.name} rank(s) {starting} did not start within {timeout:g} s ({why})")
+            if not starting and now > max(submitted, self._all_ready_at) + timeout:
                 missing = [r for r in fut.ranks if r not in got]
                 raise TimeoutError(f"{self.name}.{fut.method}() did not return from rank(s) {missing} within "
                                    f"{timeout:g} s ({why})")
@@ -271,6 +287,7 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         if fault is not None:
             faults.before_call(fault, "__init__")
         worker.__init__(cfg, *args)
+        result_queue.put(pickle.dumps((0, rank, True, None)))  # up and ready for calls
     except BaseException:
         result_queue.put(pickle.dumps((0, rank, False, traceback.format_exc())))
         result_queue.close()
