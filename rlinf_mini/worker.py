@@ -35,6 +35,7 @@ POLL_S = 0.1  # how often a waiting driver checks that every worker is alive
 # A group call's default wait is cluster.timeout_s plus this margin, so that a worker's own timeout (a channel get,
 # which names the key and the producer it waited for) reaches the driver before the driver's vaguer one.
 WAIT_MARGIN_S = 5.0
+START_MIN_S = 60.0  # a worker's start (spawn, import torch, constructor) may take this long even with a short timeout
 
 
 class WorkerError(RuntimeError):
@@ -117,6 +118,8 @@ class WorkerGroup:
         self._cmd_queues: list = []
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._call_ids = itertools.count(1)
+        self._methods: dict[int, str] = {}  # call id -> method name, while the call is pending
+        self._abandoned: set[int] = set()  # calls already reported as failed: late results are dropped
         self._ready: set[int] = set()  # ranks whose worker finished its constructor
         self._all_ready_at = 0.0  # when the last of them did (a call's clock starts no earlier)
         self._closed = False  # no more calls accepted
@@ -152,6 +155,7 @@ class WorkerGroup:
         if self._closed:
             raise RuntimeError(f"{self.name} is shut down; cannot call {method}()")
         call_id = next(self._call_ids)
+        self._methods[call_id] = method
         for r in ranks:
             self._cmd_queues[r].put((call_id, method, args, kwargs))
         return GroupFuture(self, call_id, method, ranks)
@@ -170,10 +174,26 @@ class WorkerGroup:
                         self._all_ready_at = time.monotonic()
                     item = self._result_queue.get_nowait()
                     continue
-                self._results.setdefault(call_id, {})[rank] = (ok, value)
+                if call_id not in self._abandoned:
+                    self._results.setdefault(call_id, {})[rank] = (ok, value)
                 item = self._result_queue.get_nowait()
         except queue.Empty:
             pass
+
+    def _raise_failed_call(self) -> None:
+        """Raise the failure of any pending call, waited on or not: while the driver waits for the actor, an env
+        rank that raised must end the wait too (the actor would otherwise wait out its channel timeout)."""
+        for call_id, got in list(self._results.items()):
+            for rank, (ok, value) in sorted(got.items()):
+                if not ok:
+                    self._abandon(call_id)
+                    raise WorkerError(f"{self.name} rank {rank} raised in {self._methods.get(call_id, '?')}():\n"
+                                      f"{value}")
+
+    def _abandon(self, call_id: int) -> None:
+        self._abandoned.add(call_id)
+        self._results.pop(call_id, None)
+        self._methods.pop(call_id, None)
 
     def _collect(self, fut: GroupFuture, timeout: float, why: str = "") -> list[Any]:
         # Starting a process (spawn, import torch, constructor) takes seconds, many on a loaded machine; it has its
@@ -186,17 +206,22 @@ class WorkerGroup:
                 if rank in got and not got[rank][0]:
                     missing = [r for r in fut.ranks if r not in got]
                     pending = f" (rank(s) {missing} had not returned)" if missing else ""
+                    self._abandon(fut.call_id)
                     raise WorkerError(f"{self.name} rank {rank} raised in {fut.method}(){pending}:\n{got[rank][1]}")
             if all(r in got for r in fut.ranks):
                 del self._results[fut.call_id]
+                self._methods.pop(fut.call_id, None)
                 return [got[r][1] for r in fut.ranks]
             self.cluster.check_workers()
             now = time.monotonic()
             starting = [r for r in range(self.world_size) if r not in self._ready]
-            if starting and now > self._launched_at + timeout:
-                raise TimeoutError(f"{self.name} rank(s) {starting} did not start within {timeout:g} s ({why})")
+            if starting and now > self._launched_at + max(timeout, START_MIN_S):
+                self._abandon(fut.call_id)
+                raise TimeoutError(f"{self.name} rank(s) {starting} did not start within "
+                                   f"{max(timeout, START_MIN_S):g} s")
             if not starting and now > max(submitted, self._all_ready_at) + timeout:
                 missing = [r for r in fut.ranks if r not in got]
+                self._abandon(fut.call_id)
                 raise TimeoutError(f"{self.name}.{fut.method}() did not return from rank(s) {missing} within "
                                    f"{timeout:g} s ({why})")
             self._drain(block_s=POLL_S)

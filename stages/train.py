@@ -228,13 +228,15 @@ class ActorWorker(Worker):
     def _step_is_finite(self, loss_finite: bool, grad_norm: float, where: str) -> bool:
         """Every rank agrees (one all-reduce) whether any rank saw a non-finite loss or gradient norm. Then raise
         NonFiniteError naming the step and the ranks, or, with actor.skip_nonfinite, drop the gradients and skip."""
-        bad = torch.zeros(self._world_size, device=self.device)  # [W]: 1 where that rank saw NaN/inf
-        bad[self._rank] = float(not (loss_finite and math.isfinite(grad_norm)))
+        # [W]: 2 where that rank's own loss was NaN/inf, 1 where only its gradients were (DDP spreads a NaN gradient
+        # to every rank, so the loss flag tells where it came from)
+        bad = torch.zeros(self._world_size, device=self.device)
+        bad[self._rank] = 2.0 if not loss_finite else float(not math.isfinite(grad_norm))
         bad = self._all_reduce(bad)
         if not bad.any():
             return True
-        ranks = bad.nonzero().flatten().tolist()
-        what = "loss" if not loss_finite else "gradient norm"
+        what = "loss" if (bad == 2).any() else "gradient norm"
+        ranks = (bad == bad.max()).nonzero().flatten().tolist()
         msg = (f"non-finite {what} at global step {self.global_step} ({where}) on {self._group_name} rank(s) {ranks}")
         if not self.cfg.actor.skip_nonfinite:
             raise NonFiniteError(f"{msg}; the optimizer step was not taken (actor.skip_nonfinite: true skips it)")

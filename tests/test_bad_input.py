@@ -76,7 +76,7 @@ def corpus() -> list[Bad]:
         cases.append(Bad(f"unknown:{wrong}", [], wrong, sections=_nested(wrong, 1)))
     # 2. wrong types, in the file and on the command line
     for path, tp in sorted(LEAVES.items()):
-        for i, value in enumerate(_wrong_values(tp)):
+        for i, value in enumerate(_wrong_values(tp)[:2 if tp is int else 1]):
             cases.append(Bad(f"type:{path}:{i}", [], path, sections=_nested(path, value)))
         if tp in (int, float):
             flag = "--" + path.replace("_", "-")
@@ -104,8 +104,8 @@ def corpus() -> list[Bad]:
             if value == 0 and path == "runner.val_check_interval":
                 continue
             cases.append(Bad(f"size:{path}={value}", [], path, sections=_nested(path, value)))
-            flag = "--" + path.replace("_", "-")
-            cases.append(Bad(f"cli_size:{path}={value}", [flag, str(value)], path))
+            if value != 0 and path.startswith(("actor", "runner")):  # the same check, reached from the command line
+                cases.append(Bad(f"cli_size:{path}={value}", ["--" + path.replace("_", "-"), str(value)], path))
     for path, value in [("algorithm.gamma", 1.5), ("algorithm.gae_lambda", 2.0), ("actor.optim.adam_beta1", 1.0),
                         ("actor.optim.adam_beta2", -0.1), ("algorithm.clip_ratio_low", 1.5)]:
         cases.append(Bad(f"range:{path}={value}", [], path, sections=_nested(path, value)))
