@@ -41,6 +41,7 @@ DEFAULT_KEY = "default_queue"
 _UNBOUNDED = 1 << 30  # the credit of a put on an unbounded channel
 _GET_BATCH = 64  # the most items one get request takes home
 SHM_MIN_BYTES = 64 * 1024  # below this, pickling the bytes inline is cheaper than a shared-memory hop
+DRIVER_SLICE_S = 0.5  # a put/get in the driver checks every worker's liveness this often
 _HEADER = 64  # byte 0 of every pool segment is its busy flag; tensor data starts at a 64-byte boundary
 
 
@@ -268,12 +269,30 @@ class Channel:
 
     def __init__(self, name: str, address: str, authkey: bytes, default_timeout: float):
         self.name, self._address, self._authkey, self.default_timeout = name, address, authkey, default_timeout
+        self._check_workers = None  # in the driver: Cluster.check_workers, so a blocked put/get notices a death
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_check_workers": None}  # workers do not watch each other: the driver does
 
     @classmethod
     def create(cls, name: str, cluster, maxsize: int = 0) -> Channel:
         """Create channel `name` on `cluster`'s channel server; maxsize bounds each key's queue (0 = unbounded)."""
         cluster.channel_server.create(name, maxsize)
-        return cls(name, cluster.channel_server.address, cluster.channel_server.authkey, cluster.timeout_s)
+        channel = cls(name, cluster.channel_server.address, cluster.channel_server.authkey, cluster.timeout_s)
+        channel._check_workers = cluster.check_workers
+        return channel
+
+    def _blocking_request(self, op: str, key: Hashable, payload: bytes | None, timeout: float) -> tuple:
+        """A put or get; in the driver it waits in slices of DRIVER_SLICE_S and raises if a worker died meanwhile."""
+        if self._check_workers is None:
+            return self._request(op, key, payload, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_workers()
+            left = deadline - time.monotonic()
+            status, data = self._request(op, key, payload, max(0.0, min(DRIVER_SLICE_S, left)))
+            if status != "timeout" or left <= DRIVER_SLICE_S:
+                return status, data
 
     def _connection(self) -> Connection:
         conns = self._state("conns")
@@ -344,7 +363,7 @@ class Channel:
             self._state("unanswered").setdefault(self._address, collections.deque()).append(ident)
             return
         with span("wait_put"):
-            status, credit = self._request("put", key, payload, timeout)
+            status, credit = self._blocking_request("put", key, payload, timeout)
         if status == "timeout":
             raise ChannelTimeout(f"channel {self.name!r} key {key!r}: still full after {timeout:g} s "
                                  f"(is its consumer alive and reading?)")
@@ -358,7 +377,7 @@ class Channel:
         timeout = self.default_timeout if timeout is None else timeout
         start = time.monotonic()
         with span("wait_get"):
-            status, batch = self._request("get", key, _GET_BATCH, timeout)
+            status, batch = self._blocking_request("get", key, _GET_BATCH, timeout)
         if status == "timeout":
             who = f", expected from {expected_from}" if expected_from else ""
             raise ChannelTimeout(f"channel {self.name!r} key {key!r}: nothing arrived within "

@@ -114,7 +114,8 @@ class Cluster:
         return proc
 
     def check_workers(self) -> None:
-        """Raise if any worker process of any group has exited (a worker only exits when told to)."""
+        """Raise if any worker process of any group has exited (a worker only exits when told to), or if any pending
+        call of any group failed."""
         for group in self.groups:
             if group._closed:
                 continue
@@ -124,6 +125,19 @@ class Cluster:
                     code = proc.exitcode
                     how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
                     raise WorkerDiedError(f"{group.name} rank {rank} (pid {proc.pid}) died with {how}")
+        for group in self.groups:  # a call that failed in another group ends this wait too
+            if not group._closed:
+                group._drain()
+                group._raise_failed_call()
+
+    def kill_now(self) -> None:
+        """The second Ctrl-C: SIGKILL every worker at once and remove the run's shared memory (no grace period)."""
+        for group in self.groups:
+            for proc in group.procs:
+                if proc.exitcode is None:
+                    with contextlib.suppress(OSError):
+                        os.kill(proc.pid, signal.SIGKILL)
+        shm.sweep(self.run_id)
 
     def shutdown(self) -> None:
         """Stop every worker group, the channel server, and remove the run's shared memory. Idempotent."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import math
 import re
 import sys
@@ -256,6 +257,8 @@ class ActorConfig:
     """Samples per forward/backward on one rank; gradients accumulate over global / (micro x ranks) micro-batches."""
     seed: int = 1234
     """Seed of the model's initialization and the minibatch shuffle."""
+    skip_nonfinite: bool = False
+    """rlinf_mini: on a NaN/inf loss or gradient, skip that optimizer step (and log it) instead of stopping the run."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -519,10 +522,6 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         }
         if e.step_latency_s < 0:
             fail(f"env.{split}.step_latency_s", f"must be >= 0, got {e.step_latency_s}")
-        chunks = cfg.actor.model.num_action_chunks
-        if e.max_steps_per_rollout_epoch % chunks:
-            fail(f"env.{split}.max_steps_per_rollout_epoch",
-                 f"{e.max_steps_per_rollout_epoch} is not a multiple of actor.model.num_action_chunks={chunks}")
         if e.env_type == "fake" and e.init_params.id not in ("FakeReach-v0", "PixelReach-v0"):
             fail(f"env.{split}.init_params.id",
                  f"unknown fake env id {e.init_params.id!r} (known: 'FakeReach-v0', 'PixelReach-v0')")
@@ -532,10 +531,40 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
                          f"env.{split}.init_params.cell_pixels": e.init_params.cell_pixels}
             if e.init_params.grid_size < 2:  # three objects on distinct cells
                 fail(f"env.{split}.init_params.grid_size", f"must be >= 2, got {e.init_params.grid_size}")
-    positive |= {"actor.optim.lr": cfg.actor.optim.lr, "actor.optim.value_lr": cfg.actor.optim.value_lr}
+    positive |= {"actor.optim.lr": cfg.actor.optim.lr, "actor.optim.value_lr": cfg.actor.optim.value_lr,
+                 "actor.optim.adam_eps": cfg.actor.optim.adam_eps}
     for key, value in positive.items():
         if value <= 0:
             fail(key, f"must be positive, got {value}")
+    for split in ("train", "eval"):
+        e, chunks = getattr(cfg.env, split), cfg.actor.model.num_action_chunks
+        if e.max_steps_per_rollout_epoch % chunks:
+            fail(f"env.{split}.max_steps_per_rollout_epoch",
+                 f"{e.max_steps_per_rollout_epoch} is not a multiple of actor.model.num_action_chunks={chunks}")
+    for key in ("max_steps", "val_check_interval", "save_interval"):  # -1 (or 0 for the intervals) turns them off
+        if getattr(cfg.runner, key) < -1:
+            fail(f"runner.{key}", f"must be >= -1 (-1 = off), got {getattr(cfg.runner, key)}")
+    optim = cfg.actor.optim
+    if optim.weight_decay < 0:
+        fail("actor.optim.weight_decay", f"must be >= 0, got {optim.weight_decay}")
+    for key in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(optim, key) < 1:
+            fail(f"actor.optim.{key}", f"must be in [0, 1), got {getattr(optim, key)}")
+    if cfg.algorithm.clip_ratio_low >= 1:
+        fail("algorithm.clip_ratio_low", f"must be < 1 (the ratio is clipped at 1 - clip_ratio_low), got "
+                                         f"{cfg.algorithm.clip_ratio_low}")
+    names = {"actor.group_name": cfg.actor.group_name, "rollout.group_name": cfg.rollout.group_name,
+             "env.group_name": cfg.env.group_name}
+    for key, name in names.items():
+        if not name or list(names.values()).count(name) > 1:
+            fail(key, f"group names must be non-empty and distinct, got {names}")
+    experiment = cfg.runner.logger.experiment_name
+    if not experiment or Path(experiment).name != experiment or experiment in (".", ".."):
+        fail("runner.logger.experiment_name", f"must be a plain folder name, got {experiment!r}")
+    for key, precision in (("actor.model.precision", cfg.actor.model.precision),
+                           ("rollout.model.precision", cfg.rollout.model.precision)):
+        if precision != "32":
+            fail(key, f"only '32' is supported, got {precision!r}")
     for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef"):
         if getattr(cfg.algorithm, key) < 0:
             fail(f"algorithm.{key}", f"must be >= 0, got {getattr(cfg.algorithm, key)}")
@@ -561,8 +590,15 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
             continue  # the train entry creates the tiny VLA's initial folder
         if path and not (Path(path) / "config.json").is_file():
             fail(key, f"{path!r} is not a model folder (no config.json there)")
+        if path:
+            try:
+                json.loads((Path(path) / "config.json").read_text())
+            except (ValueError, OSError) as e:
+                fail(key, f"{path!r}: config.json cannot be read: {e}")
     if cfg.runner.resume_dir not in (None, "auto") and not Path(cfg.runner.resume_dir).is_dir():
         fail("runner.resume_dir", f"{cfg.runner.resume_dir!r} does not exist")
+    if cfg.runner.resume_dir not in (None, "auto") and not (Path(cfg.runner.resume_dir) / "runner.json").is_file():
+        fail("runner.resume_dir", f"{cfg.runner.resume_dir!r} is not a complete checkpoint (no runner.json)")
     for backend in cfg.runner.logger.logger_backends:
         if backend not in ("tensorboard",):
             fail("runner.logger.logger_backends", f"unknown backend {backend!r} (known: 'tensorboard')")

@@ -232,6 +232,8 @@ class EmbodiedRunner:
         tmp.mkdir(parents=True)
         self.actor.execute_on(0).save_checkpoint(str(tmp / "actor")).wait()
         torch.save(self.env.get_state().wait(), tmp / "env.pt")
+        # every rank's global generators (python, numpy, torch): a resumed worker draws what it would have drawn
+        torch.save({g.name: g.get_rng_state().wait() for g in (self.actor, self.rollout, self.env)}, tmp / "rng.pt")
         (tmp / "runner.json").write_text(json.dumps({"global_step": self.global_step}))
         if final.exists():
             shutil.rmtree(final)
@@ -248,6 +250,11 @@ class EmbodiedRunner:
                              f"{self.env.world_size}")
         for rank, state in enumerate(env_states):
             self.env.execute_on(rank).set_state(state).wait()
+        rng = torch.load(folder / "rng.pt", weights_only=False) if (folder / "rng.pt").is_file() else {}
+        for group in (self.actor, self.rollout, self.env):
+            states = rng.get(group.name, [])
+            for rank, state in enumerate(states[: group.world_size]):  # a different world size: new ranks unseeded
+                group.execute_on(rank).set_rng_state(state).wait()
         self.global_step = json.loads((folder / "runner.json").read_text())["global_step"]
 
 

@@ -14,10 +14,14 @@ RLinf counterpart: `examples/embodiment/train_embodied_agent.py`.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
+from rlinf_mini import faults
 from rlinf_mini.config import ConfigError, TrainConfig, check_batch_arithmetic, config_source, load_config, save_config
 
 
@@ -45,6 +49,12 @@ class RunPlan:
             create_tiny_vla(cfg, path)  # the initial HF folder, as `python -m rlinf_mini.models.make_tiny_vla`
         build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete,  # a bad model_path fails here
                      image_shape=spec.image_shape)
+        if cfg.rollout.model.model_path:
+            try:
+                build_policy(dataclasses.replace(cfg.actor.model, model_path=cfg.rollout.model.model_path),
+                             spec.obs_dim, spec.action_dim, spec.discrete, image_shape=spec.image_shape)
+            except ValueError as e:
+                raise ConfigError(f"{source}: rollout.model.model_path: {str(e).split(': ', 1)[-1]}") from None
         self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
 
 
@@ -64,19 +74,50 @@ def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa:
     return EmbodiedRunner(cfg, actor=actor, rollout=rollout, env=env, cluster=cluster, run_dir=plan.run_dir)
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the driver: unwinding stops every worker."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_signals(cluster) -> dict:
+    """First SIGINT/SIGTERM: raise Interrupted, so `finally: cluster.shutdown()` stops the workers (within seconds;
+    a checkpoint being written stays a .tmp folder, the last complete one is untouched). A second one kills every
+    worker at once. Returns the previous handlers."""
+
+    def second(signum, frame):
+        print(f"{signal.Signals(signum).name} again: killing every worker now", file=sys.stderr, flush=True)
+        cluster.kill_now()
+        os._exit(128 + signum)
+
+    def first(signum, frame):
+        signal.signal(signal.SIGINT, second)
+        signal.signal(signal.SIGTERM, second)
+        raise Interrupted(signum)
+
+    return {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
 def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
-    """Start the workers, train, and stop everything (also on error or Ctrl-C)."""
+    """Start the workers, train, and stop everything (also on error, Ctrl-C or SIGTERM)."""
     from rlinf_mini.cluster import Cluster
 
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, plan.run_dir / "config.yaml")
     cluster = Cluster(cfg.cluster)
+    previous = _stop_on_signals(cluster) if threading.current_thread() is threading.main_thread() else {}
     try:
         runner = launch(cfg, plan, cluster)
         runner.init_workers()
         return runner.run()
     finally:
-        cluster.shutdown()
+        try:
+            cluster.shutdown()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
     source = config_source(argv)
     try:
+        if os.environ.get(faults.ENV_VAR):
+            faults.parse(os.environ[faults.ENV_VAR])  # a malformed fault plan fails here, not in every worker
         plan = RunPlan(cfg, source)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -103,13 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     except (PlacementError, EnvError, ValueError) as e:  # ValueError: a model folder that does not fit the env
         print(f"error: {source}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    # SIGTERM becomes SystemExit, so `finally: cluster.shutdown()` runs just as for Ctrl-C.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         history = build_and_run(cfg, plan)
-    except KeyboardInterrupt:
-        print("interrupted: all workers stopped", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"interrupted: all workers stopped ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
     except (WorkerError, WorkerDiedError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

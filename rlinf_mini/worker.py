@@ -29,9 +29,13 @@ import time
 import traceback
 from typing import Any
 
-from rlinf_mini import tracer
+from rlinf_mini import faults, tracer
 
 POLL_S = 0.1  # how often a waiting driver checks that every worker is alive
+# A group call's default wait is cluster.timeout_s plus this margin, so that a worker's own timeout (a channel get,
+# which names the key and the producer it waited for) reaches the driver before the driver's vaguer one.
+WAIT_MARGIN_S = 5.0
+START_MIN_S = 60.0  # a worker's start (spawn, import torch, constructor) may take this long even with a short timeout
 
 
 class WorkerError(RuntimeError):
@@ -70,6 +74,30 @@ class Worker:
         """The spans recorded since the last drain (the runner gathers them once per step)."""
         return tracer.drain()
 
+    def get_rng_state(self) -> dict[str, Any]:
+        """This process's global random generators (python, numpy, torch CPU and CUDA), for checkpoints."""
+        import random
+
+        import numpy as np
+        import torch
+
+        state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        import random
+
+        import numpy as np
+        import torch
+
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
 
 class GroupFuture:
     """The pending result of one call on some ranks of a group."""
@@ -79,7 +107,9 @@ class GroupFuture:
 
     def wait(self, timeout: float | None = None) -> list[Any]:
         """Per-rank results, in rank order. Raises WorkerError, WorkerDiedError or TimeoutError."""
-        return self.group._collect(self, self.group.cluster.timeout_s if timeout is None else timeout)
+        if timeout is None:
+            return self.group._collect(self, self.group.cluster.timeout_s + WAIT_MARGIN_S, "cluster.timeout_s + margin")
+        return self.group._collect(self, timeout, "the wait's timeout")
 
     def done(self) -> bool:
         self.group._drain()
@@ -96,6 +126,10 @@ class WorkerGroup:
         self._cmd_queues: list = []
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._call_ids = itertools.count(1)
+        self._methods: dict[int, str] = {}  # call id -> method name, while the call is pending
+        self._abandoned: set[int] = set()  # calls already reported as failed: late results are dropped
+        self._ready: set[int] = set()  # ranks whose worker finished its constructor
+        self._all_ready_at = 0.0  # when the last of them did (a call's clock starts no earlier)
         self._closed = False  # no more calls accepted
         self._stopped = False  # processes joined and queues closed
 
@@ -104,6 +138,7 @@ class WorkerGroup:
         self.cluster = cluster
         self.name = name or self.name
         self.world_size = placement_strategy.world_size
+        self._launched_at = time.monotonic()
         ctx = cluster.mp_context
         self._result_queue = ctx.Queue()
         for p in placement_strategy.placements:
@@ -128,6 +163,7 @@ class WorkerGroup:
         if self._closed:
             raise RuntimeError(f"{self.name} is shut down; cannot call {method}()")
         call_id = next(self._call_ids)
+        self._methods[call_id] = method
         for r in ranks:
             self._cmd_queues[r].put((call_id, method, args, kwargs))
         return GroupFuture(self, call_id, method, ranks)
@@ -140,26 +176,62 @@ class WorkerGroup:
                 call_id, rank, ok, value = pickle.loads(item)
                 if call_id == 0 and not ok:  # the worker's constructor raised; the process is exiting
                     raise WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
-                self._results.setdefault(call_id, {})[rank] = (ok, value)
+                if call_id == 0:  # the worker is up: its process started, imported torch and ran its constructor
+                    self._ready.add(rank)
+                    if len(self._ready) == self.world_size:
+                        self._all_ready_at = time.monotonic()
+                    item = self._result_queue.get_nowait()
+                    continue
+                if call_id not in self._abandoned:
+                    self._results.setdefault(call_id, {})[rank] = (ok, value)
                 item = self._result_queue.get_nowait()
         except queue.Empty:
             pass
 
-    def _collect(self, fut: GroupFuture, timeout: float) -> list[Any]:
-        deadline = time.monotonic() + timeout
+    def _raise_failed_call(self) -> None:
+        """Raise the failure of any pending call, waited on or not: while the driver waits for the actor, an env
+        rank that raised must end the wait too (the actor would otherwise wait out its channel timeout)."""
+        for call_id, got in list(self._results.items()):
+            for rank, (ok, value) in sorted(got.items()):
+                if not ok:
+                    self._abandon(call_id)
+                    raise WorkerError(f"{self.name} rank {rank} raised in {self._methods.get(call_id, '?')}():\n"
+                                      f"{value}")
+
+    def _abandon(self, call_id: int) -> None:
+        self._abandoned.add(call_id)
+        self._results.pop(call_id, None)
+        self._methods.pop(call_id, None)
+
+    def _collect(self, fut: GroupFuture, timeout: float, why: str = "") -> list[Any]:
+        # Starting a process (spawn, import torch, constructor) takes seconds, many on a loaded machine; it has its
+        # own budget, and a call's clock starts once every rank is up, so a short timeout_s does not fail the start.
+        submitted = time.monotonic()
+        self._drain()
         while True:
             got = self._results.get(fut.call_id, {})
             for rank in fut.ranks:
                 if rank in got and not got[rank][0]:
-                    raise WorkerError(f"{self.name} rank {rank} raised in {fut.method}():\n{got[rank][1]}")
+                    missing = [r for r in fut.ranks if r not in got]
+                    pending = f" (rank(s) {missing} had not returned)" if missing else ""
+                    self._abandon(fut.call_id)
+                    raise WorkerError(f"{self.name} rank {rank} raised in {fut.method}(){pending}:\n{got[rank][1]}")
             if all(r in got for r in fut.ranks):
                 del self._results[fut.call_id]
+                self._methods.pop(fut.call_id, None)
                 return [got[r][1] for r in fut.ranks]
             self.cluster.check_workers()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            starting = [r for r in range(self.world_size) if r not in self._ready]
+            if starting and now > self._launched_at + max(timeout, START_MIN_S):
+                self._abandon(fut.call_id)
+                raise TimeoutError(f"{self.name} rank(s) {starting} did not start within "
+                                   f"{max(timeout, START_MIN_S):g} s")
+            if not starting and now > max(submitted, self._all_ready_at) + timeout:
                 missing = [r for r in fut.ranks if r not in got]
+                self._abandon(fut.call_id)
                 raise TimeoutError(f"{self.name}.{fut.method}() did not return from rank(s) {missing} within "
-                                   f"{timeout:g} s (cluster.timeout_s)")
+                                   f"{timeout:g} s ({why})")
             self._drain(block_s=POLL_S)
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -244,7 +316,11 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         worker._group_name = os.environ["RLINF_MINI_GROUP"]
         worker._torch_before_pinning = torch_before_pinning
         worker.device = torch.device("cuda:0" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
+        fault = faults.for_this_worker(worker._group_name, rank)  # None unless RLMINI_FAULT names this worker
+        if fault is not None:
+            faults.before_call(fault, "__init__")
         worker.__init__(cfg, *args)
+        result_queue.put(pickle.dumps((0, rank, True, None)))  # up and ready for calls
     except BaseException:
         result_queue.put(pickle.dumps((0, rank, False, traceback.format_exc())))
         result_queue.close()
@@ -267,10 +343,14 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
                 break
             call_id, method, margs, mkwargs = msg
             try:
+                if fault is not None:
+                    faults.before_call(fault, method)
                 with tracer.span(method):  # the whole call; its waits are recorded inside it
                     result = (True, getattr(worker, method)(*margs, **mkwargs))
             except BaseException:
                 result = (False, traceback.format_exc())
+            if fault is not None:
+                faults.disarm()
             try:
                 # Pickled here, not in the queue's feeder thread, where a failure would be printed and dropped.
                 payload = bytes(ForkingPickler.dumps((call_id, rank, *result)))

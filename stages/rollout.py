@@ -39,6 +39,7 @@ import torch
 from rlinf_mini.channel import Channel
 from rlinf_mini.config import EnvSplitConfig, TrainConfig
 from rlinf_mini.envs import EnvSpec, get_env_spec, make_env
+from rlinf_mini.envs.guard import GuardedEnv
 from rlinf_mini.envs.video import EvalVideoRecorder
 from rlinf_mini.models import build_policy
 from rlinf_mini.seeding import counter_uniform
@@ -73,7 +74,8 @@ class EnvWorker(Worker):
         envs = []
         for k in range(self.stage_num):
             first = (self._rank * self.stage_num + k) * n  # global ids are contiguous: rank-major, then stage
-            envs.append(make_env(split, torch.arange(first, first + n), self.chunks, key=key))
+            env = make_env(split, torch.arange(first, first + n), self.chunks, key=key)
+            envs.append(GuardedEnv(env, f"{self._group_name} rank {self._rank} {key} pipeline stage {k}"))
         return envs
 
     def init_worker(self, world_sizes: dict[str, int]) -> EnvSpec:

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from rlinf_mini import faults
 from rlinf_mini.channel import Channel
 from rlinf_mini.config import TrainConfig
 from rlinf_mini.envs import get_env_spec
@@ -81,6 +83,10 @@ def compute_critic_loss(values, old_values, returns, loss_mask, value_clip: floa
         metrics = {"critic/value_clip_ratio": masked_mean(((values - old_values).abs() > value_clip).float(),
                                                           loss_mask)}
     return 0.5 * masked_mean(v_losses, loss_mask), metrics
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN or inf in the loss or the gradients: the step is not taken (and no checkpoint holds it)."""
 
 
 class ActorWorker(Worker):
@@ -177,7 +183,7 @@ class ActorWorker(Worker):
         per_rank_batch = cfg.global_batch_size // self._world_size
         accum = per_rank_batch // cfg.micro_batch_size
         totals: dict[str, float] = {}
-        count = 0
+        count, skipped = 0, 0
         self.model.train()
         for epoch in range(algo.update_epoch):
             # the shuffle depends on (seed, step, epoch, rank) only: a resumed run shuffles the same way
@@ -187,6 +193,8 @@ class ActorWorker(Worker):
             for start in range(0, n, per_rank_batch):
                 mb_idx = perm[start : start + per_rank_batch]
                 self.optimizer.zero_grad(set_to_none=True)
+                step_metrics: list[tuple[str, float]] = []  # this optimizer step's; dropped if it is skipped
+                loss_finite = True
                 for m in range(accum):
                     idx = mb_idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]
                     mb = {k: tree_map(lambda t, i=idx: t[i], v) for k, v in flat.items()}
@@ -195,23 +203,51 @@ class ActorWorker(Worker):
                     ctx = self.model.no_sync() if (self._world_size > 1 and not last) else contextlib.nullcontext()
                     with ctx, span("forward_backward"):
                         loss, metrics = self._micro_batch_loss(mb)
+                        loss = faults.poison(loss)  # NaN only while an injected kind=nan fault fires
+                        loss_finite = loss_finite and bool(torch.isfinite(loss))
                         (loss / accum).backward()
-                    for k, v in metrics.items():
-                        totals[k] = totals.get(k, 0.0) + float(v)
-                    count += 1
+                    step_metrics += [(k, float(v)) for k, v in metrics.items()]
                 grad_norm = (torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.clip_grad)
                              if cfg.optim.clip_grad > 0 else _grad_norm(self.policy))
-                totals["actor/grad_norm"] = totals.get("actor/grad_norm", 0.0) + float(grad_norm) * accum
+                if not self._step_is_finite(loss_finite, float(grad_norm), f"update epoch {epoch}, sample {start}"):
+                    skipped += 1
+                    continue
+                step_metrics.append(("actor/grad_norm", float(grad_norm) * accum))
+                for k, v in step_metrics:
+                    totals[k] = totals.get(k, 0.0) + v
+                count += accum
                 with span("optimizer_step"):
                     self.optimizer.step()
-        result = torch.tensor([totals[k] / count for k in sorted(totals)], device=self.device)  # nccl: on the GPU
+        result = torch.tensor([totals[k] / count for k in sorted(totals)], dtype=torch.float32,
+                              device=self.device)  # nccl: on the GPU
         result = self._all_reduce(result) / self._world_size
         out = {f"train/{k}": float(v) for k, v in zip(sorted(totals), result, strict=True)}
         out["train/lr"] = cfg.optim.lr
+        if cfg.skip_nonfinite:
+            out["train/skipped_steps"] = float(skipped)
         y, v = flat["returns"], flat["old_values"]
         var_y = y.var()
         out["train/critic/explained_variance"] = float(1 - (y - v).var() / var_y) if var_y > 0 else float("nan")
         return out
+
+    def _step_is_finite(self, loss_finite: bool, grad_norm: float, where: str) -> bool:
+        """Every rank agrees (one all-reduce) whether any rank saw a non-finite loss or gradient norm. Then raise
+        NonFiniteError naming the step and the ranks, or, with actor.skip_nonfinite, drop the gradients and skip."""
+        # [W]: 2 where that rank's own loss was NaN/inf, 1 where only its gradients were (DDP spreads a NaN gradient
+        # to every rank, so the loss flag tells where it came from)
+        bad = torch.zeros(self._world_size, device=self.device)
+        bad[self._rank] = 2.0 if not loss_finite else float(not math.isfinite(grad_norm))
+        bad = self._all_reduce(bad)
+        if not bad.any():
+            return True
+        what = "loss" if (bad == 2).any() else "gradient norm"
+        ranks = (bad == bad.max()).nonzero().flatten().tolist()
+        msg = (f"non-finite {what} at global step {self.global_step} ({where}) on {self._group_name} rank(s) {ranks}")
+        if not self.cfg.actor.skip_nonfinite:
+            raise NonFiniteError(f"{msg}; the optimizer step was not taken (actor.skip_nonfinite: true skips it)")
+        self.log(f"{msg}: step skipped (actor.skip_nonfinite)")
+        self.optimizer.zero_grad(set_to_none=True)
+        return False
 
     def _micro_batch_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         algo = self.cfg.algorithm
@@ -238,6 +274,8 @@ class ActorWorker(Worker):
         """Rank 0 writes model and optimizer into `folder` (the runner makes the folder appear atomically)."""
         if self._rank != 0:
             return
+        if not all(bool(torch.isfinite(p).all()) for p in self.policy.parameters()):
+            raise NonFiniteError(f"step {self.global_step}: the parameters hold NaN/inf; no checkpoint written")
         os.makedirs(folder, exist_ok=True)
         torch.save({"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()},
                    os.path.join(folder, "actor.pt"))

@@ -72,8 +72,11 @@ def test_resume_continues_bitwise(runs):
 def test_checkpoint_folder_is_complete_or_absent(runs):
     run_dir = runs[0]
     ckpt = find_latest_checkpoint(run_dir)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["actor", "env.pt", "runner.json"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["actor", "env.pt", "rng.pt", "runner.json"]
     assert (ckpt / "actor" / "model" / "config.json").is_file()  # an HF-style folder actor.model.model_path can use
+    rng = torch.load(ckpt / "rng.pt", weights_only=False)  # every rank of every group: python, numpy, torch
+    assert {g: len(v) for g, v in rng.items()} == {"ActorGroup": 1, "RolloutGroup": 1, "EnvGroup": 1}
+    assert all({"python", "numpy", "torch"} <= set(s) for v in rng.values() for s in v)
     assert not list((run_dir / "checkpoints").glob(".*tmp"))
     assert ckpt.name == "global_step_4" and (run_dir / "checkpoints" / "global_step_2").is_dir()
     (run_dir / "checkpoints" / ".global_step_9.tmp").mkdir()  # an interrupted write is never picked up

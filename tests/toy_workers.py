@@ -46,6 +46,14 @@ class EchoWorker(Worker):
     def unpicklable(self):
         return lambda: None  # a lambda cannot be pickled back to the driver
 
+    def draw(self) -> tuple:
+        """One number from each global generator a worker may use (for the checkpoint RNG test)."""
+        import random
+
+        import numpy as np
+
+        return random.random(), float(np.random.rand()), float(torch.rand(1))
+
     def exit_hard(self, code: int):
         os._exit(code)
 

@@ -41,7 +41,7 @@ def _make_one(cfg: EnvSplitConfig, key: str) -> gymnasium.Env:
         return gymnasium.make(env_id, max_episode_steps=cfg.max_episode_steps, **render)
     except gymnasium.error.UnregisteredEnv:
         raise EnvError(f"{key}.init_params.id: unknown gymnasium id {env_id!r}") from None
-    except gymnasium.error.Error as e:  # malformed id, missing dependency (e.g. box2d), ...
+    except (gymnasium.error.Error, ImportError) as e:  # malformed id, missing module or dependency (e.g. box2d)
         first_line = str(e).splitlines()[0]
         raise EnvError(f"{key}.init_params.id: cannot make gymnasium env {env_id!r}: {first_line}") from None
 

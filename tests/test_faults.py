@@ -1,0 +1,357 @@
+"""Faults injected into real runs (`python -m rlinf_mini.train`, RLMINI_FAULT): a worker killed, segfaulting, exiting,
+raising, hanging, returning a NaN loss; a broken env; SIGTERM and a second Ctrl-C on the driver. Every case asserts
+the message, the exit code, how fast the driver reacted, and that no process and no /dev/shm segment is left.
+
+The runs are started a few at a time (each spends seconds importing torch) by one module fixture; the tests read
+their results. A few in-process cases (a driver blocked in a channel get) share one cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, write_config
+from toy_workers import EchoWorker
+
+from rlinf_mini import faults
+from rlinf_mini.channel import Channel
+from rlinf_mini.cluster import Cluster
+from rlinf_mini.config import ClusterConfig
+from rlinf_mini.metric_logger import read_metrics
+from rlinf_mini.runner import find_latest_checkpoint
+from rlinf_mini.shm import PREFIX, SHM_DIR
+from rlinf_mini.worker import WorkerDiedError
+from stages.placement import ComponentPlacement
+
+BASE = dict(  # 3 worker processes (each run spends most of its time starting them), a fraction of a second per step
+    cluster={"num_devices": 2, "component_placement": {"env,rollout": "0", "actor": "1"}, "timeout_s": 60},
+    runner={"max_epochs": 3, "val_check_interval": -1, "save_interval": 1, "progress_bar": False,
+            "logger": {"logger_backends": []}},
+    env={"train": {"total_num_envs": 16, "max_steps_per_rollout_epoch": 8},
+         "eval": {"total_num_envs": 8, "max_steps_per_rollout_epoch": 8}},
+    actor={"global_batch_size": 64, "micro_batch_size": 32},
+)
+MARKER_VAR = "RLINF_MINI_TEST_FAULT_RUN"  # inherited by every worker: finds the run's processes in /proc
+BROKEN_ENV = {"env_type": "gymnasium", "max_episode_steps": 8}
+DATA_PARALLEL = {"cluster": {"component_placement": {"env,rollout": "0", "actor": "0-1"}}}  # NaN flags must agree
+
+
+@dataclasses.dataclass
+class Case:
+    expect_code: int
+    fault: str | None = None
+    config: dict = dataclasses.field(default_factory=dict)  # sections merged into BASE
+    signals: tuple[int, ...] = ()  # sent to the driver, 0.5 s apart, once the first checkpoint exists
+
+
+CASES = {
+    "kill9_actor_in_training": Case(1, "group=ActorGroup,rank=0,method=run_training,call=2,kind=kill9"),
+    "segv_env_while_others_wait_in_channel_gets": Case(1, "group=EnvGroup,rank=0,method=interact,call=2,kind=segv"),
+    "exit_rollout": Case(1, "group=RolloutGroup,method=generate,call=1,kind=exit"),
+    "kill9_rollout_during_init": Case(1, "group=RolloutGroup,method=init_worker,kind=kill9"),
+    "raise_in_actor_rank1": Case(1, "group=ActorGroup,rank=1,method=compute_advantages_and_returns,call=2,kind=raise",
+                                 DATA_PARALLEL),
+    "hang_env": Case(1, "group=EnvGroup,method=interact,call=2,kind=hang", {"cluster": {"timeout_s": 8}}),
+    "nan_loss_rank1": Case(1, "group=ActorGroup,rank=1,method=run_training,call=2,kind=nan", DATA_PARALLEL),
+    "nan_loss_skipped": Case(0, "group=ActorGroup,rank=1,method=run_training,call=2,kind=nan",
+                             {**DATA_PARALLEL, "actor": {"skip_nonfinite": True}}),
+    "broken_env_step": Case(1, None, {"env": {
+        "train": {**BROKEN_ENV, "init_params": {"id": "toy_envs:BrokenStep-v0"}},
+        "eval": {**BROKEN_ENV, "init_params": {"id": "toy_envs:BrokenStep-v0"}}}}),
+    "broken_env_reset": Case(1, None, {"env": {
+        "train": {**BROKEN_ENV, "init_params": {"id": "toy_envs:BrokenReset-v0"}},
+        "eval": {**BROKEN_ENV, "init_params": {"id": "toy_envs:BrokenReset-v0"}}}}),
+    "sigterm": Case(143, None, {"runner": {"max_epochs": 1000}}, signals=(signal.SIGTERM,)),
+    # the env hangs, so a clean stop must wait out the grace period; the second Ctrl-C skips it
+    "second_ctrl_c": Case(130, "group=EnvGroup,method=interact,call=3,kind=hang", {"runner": {"max_epochs": 1000}},
+                          signals=(signal.SIGINT, signal.SIGINT)),
+}
+
+
+@dataclasses.dataclass
+class Run:
+    returncode: int
+    stderr: str
+    run_dir: Path
+    seconds: float  # start to exit
+    exit_time: float  # time.time() when the driver was seen gone
+    signal_times: list[float]
+    spawned: set[int]  # worker pids seen while it ran
+    leftover: set[int]  # any process of the run alive after it exited
+    segments: list[str]  # its /dev/shm segments left behind
+
+
+def _marked(marker: str) -> dict[int, bytes]:
+    needle = f"{MARKER_VAR}={marker}\0".encode()
+    found = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if needle in Path(entry.path, "environ").read_bytes():
+                    state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state != "Z":
+                        found[int(entry.name)] = Path(entry.path, "cmdline").read_bytes()
+            except OSError:
+                continue
+    return found
+
+
+class _Started:
+    def __init__(self, name: str, case: Case, tmp: Path):
+        self.name, self.case = name, case
+        self.marker = uuid.uuid4().hex
+        self.log_path = tmp / "results"
+        path = write_config(tmp, **_merge(BASE, case.config))
+        env = {**os.environ, MARKER_VAR: self.marker, "CUDA_VISIBLE_DEVICES": "",
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+        env.pop(faults.ENV_VAR, None)
+        if case.fault:
+            env[faults.ENV_VAR] = case.fault
+        self.err = open(tmp / "stderr", "w+")  # noqa: SIM115 (closed in finish)
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "rlinf_mini.train", "--config", str(path),
+                                      "--runner.logger.log-path", str(self.log_path)],
+                                     cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=self.err,
+                                     stdin=subprocess.DEVNULL)
+        self.spawned: set[int] = set()
+        self.signal_times: list[float] = []
+        self.exit_time = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.log_path / "embodied"
+
+    def tick(self) -> None:
+        if self.proc.poll() is not None:
+            if self.exit_time is None:
+                self.exit_time = time.time()
+            return
+        self.spawned |= {pid for pid, cmd in _marked(self.marker).items() if b"multiprocessing.spawn" in cmd}
+        pending = self.case.signals[len(self.signal_times):]
+        ready = (self.run_dir / "checkpoints").is_dir() and find_latest_checkpoint(self.run_dir) is not None
+        if pending and ready and (not self.signal_times or time.time() - self.signal_times[-1] > 0.5):
+            self.signal_times.append(time.time())
+            self.proc.send_signal(pending[0])
+
+    def finish(self) -> Run:
+        self.tick()
+        seconds = time.monotonic() - self.start
+        time.sleep(0.2)  # SIGKILLed children are reaped by init a moment later
+        with self.err:
+            self.err.seek(0)
+            stderr = self.err.read()
+        segments = [n for n in os.listdir(SHM_DIR) if n.startswith(f"{PREFIX}{self.proc.pid}")]
+        return Run(self.proc.returncode, stderr, self.run_dir, seconds, self.exit_time, self.signal_times,
+                   self.spawned, set(_marked(self.marker)), segments)
+
+
+def _merge(base: dict, new: dict) -> dict:
+    out = json.loads(json.dumps(base))
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "component_placement":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+AT_ONCE = 2  # runs going at the same time: more only makes each slower (they are CPU-bound while starting)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Run]:
+    todo = [(n, c) for n, c in CASES.items() if n in os.environ.get("ONLY", n)]
+    active: list[_Started] = []
+    done: dict[str, Run] = {}
+    while todo or active:
+        while todo and len(active) < AT_ONCE:
+            name, case = todo.pop(0)
+            active.append(_Started(name, case, tmp_path_factory.mktemp(name)))
+        for run in list(active):
+            run.tick()
+            if run.proc.poll() is not None:
+                done[run.name] = run.finish()
+                active.remove(run)
+            elif time.monotonic() - run.start > 60:
+                run.proc.kill()
+                run.proc.wait()
+                done[run.name] = run.finish()
+                active.remove(run)
+        time.sleep(0.1)
+    return done
+
+
+def fault_time(stderr: str) -> float:
+    return float(re.search(r"\[rlmini fault\] .* at t=([\d.]+)", stderr).group(1))
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+
+
+def assert_clean_end(run: Run, max_seconds: float = 30.0) -> None:
+    assert run.seconds <= max_seconds, f"the run took {run.seconds:.1f} s"
+    assert run.spawned, "no worker was ever seen: the case did not run"
+    assert run.leftover == set(), f"processes outlived the run: {run.leftover}"
+    assert run.segments == [], f"shared memory outlived the run: {run.segments}"
+
+
+@pytest.mark.parametrize("name, group, rank, how", [
+    ("kill9_actor_in_training", "ActorGroup", 0, "signal SIGKILL"),
+    ("segv_env_while_others_wait_in_channel_gets", "EnvGroup", 0, "signal SIGSEGV"),
+    ("exit_rollout", "RolloutGroup", 0, "exit code 3"),
+    ("kill9_rollout_during_init", "RolloutGroup", 0, "signal SIGKILL"),
+])
+def test_worker_death_is_one_line_with_group_rank_pid_and_how(runs, name, group, rank, how):
+    run = runs[name]
+    assert run.returncode == 1, run.stderr
+    pid = int(re.search(r"pid (\d+):", run.stderr).group(1))  # from the fault's own line
+    lines = error_lines(run.stderr)
+    assert lines == [f"error: {group} rank {rank} (pid {pid}) died with {how}"], run.stderr
+    assert run.exit_time - fault_time(run.stderr) < 10, "the driver took over 10 s to notice and stop"
+    assert_clean_end(run)
+
+
+def test_worker_exception_carries_traceback_group_and_rank(runs):
+    run = runs["raise_in_actor_rank1"]
+    assert run.returncode == 1
+    assert "error: ActorGroup rank 1 raised in compute_advantages_and_returns()" in run.stderr
+    assert "Traceback" in run.stderr and "FaultInjected: injected fault in compute_advantages_and_returns() call 2" \
+        in run.stderr
+    assert run.exit_time - fault_time(run.stderr) < 10
+    assert_clean_end(run)
+
+
+def test_hang_becomes_a_timeout_naming_the_channel_key_and_the_producer(runs):
+    run = runs["hang_env"]
+    assert run.returncode == 1
+    (line,) = error_lines(run.stderr)
+    # the actor waited for its trajectories from the (hung) env: the key, the channel and the producer are named
+    assert re.search(r"error: ActorGroup rank \d raised in recv_rollout_trajectories\(\)", line), run.stderr
+    assert re.search(r"ChannelTimeout: channel 'ActorGroup\.Actor' key \('traj', \d\): nothing arrived within 8 s, "
+                     r"expected from EnvGroup rank 0", run.stderr), run.stderr
+    assert 8 <= run.exit_time - fault_time(run.stderr) < 8 + 10
+    assert_clean_end(run)
+
+
+def test_nan_loss_stops_the_run_naming_step_and_rank_and_no_checkpoint_holds_it(runs):
+    run = runs["nan_loss_rank1"]
+    assert run.returncode == 1
+    assert re.search(r"NonFiniteError: non-finite loss at global step 1 \(update epoch 0, sample 0\) on ActorGroup "
+                     r"rank\(s\) \[1\]", run.stderr), run.stderr
+    ckpts = sorted(p.name for p in (run.run_dir / "checkpoints").iterdir())
+    assert ckpts == ["global_step_1"]  # the step with the NaN never reached a checkpoint
+    state = torch.load(run.run_dir / "checkpoints/global_step_1/actor/actor.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert_clean_end(run)
+
+
+def test_nan_loss_with_skip_nonfinite_skips_the_step_and_carries_on(runs):
+    run = runs["nan_loss_skipped"]
+    assert run.returncode == 0, run.stderr
+    assert "ActorGroup rank(s) [1]: step skipped (actor.skip_nonfinite)" in run.stderr
+    rows = read_metrics(run.run_dir / "metrics.jsonl")
+    # the fault poisons every loss of step 2's run_training(): its 2 optimizer steps per update epoch x 4 epochs
+    assert [r["train/skipped_steps"] for r in rows] == [0.0, 8.0, 0.0]
+    assert all(v == v for r in rows for k, v in r.items() if k.startswith("train/"))  # no NaN in the losses
+    state = torch.load(find_latest_checkpoint(run.run_dir) / "actor/actor.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert_clean_end(run)
+
+
+@pytest.mark.parametrize("name, method", [("broken_env_step", "chunk_step"), ("broken_env_reset", "reset")])
+def test_broken_env_is_reported_with_its_rank_and_pipeline_stage(runs, name, method):
+    run = runs[name]
+    assert run.returncode == 1
+    (line,) = error_lines(run.stderr)
+    assert line.startswith("error: EnvGroup rank 0 raised in"), line
+    assert re.search(rf"EnvFailure: EnvGroup rank 0 env\.train pipeline stage 0 \(sub-envs 0-7\): env {method}\(\) "
+                     r"raised RuntimeError: .*\(planned\)", run.stderr), run.stderr
+    assert_clean_end(run)
+
+
+def test_sigterm_stops_every_worker_and_keeps_the_last_checkpoint(runs):
+    run = runs["sigterm"]
+    assert run.returncode == 143, run.stderr
+    assert "interrupted: all workers stopped (SIGTERM)" in run.stderr
+    assert run.exit_time - run.signal_times[0] < 10
+    ckpt = find_latest_checkpoint(run.run_dir)
+    state = torch.load(ckpt / "actor" / "actor.pt", weights_only=True)
+    assert state["model"] and (ckpt / "rng.pt").is_file()
+    assert_clean_end(run)
+
+
+def test_second_ctrl_c_kills_at_once(runs):
+    run = runs["second_ctrl_c"]
+    assert run.returncode == 130, run.stderr
+    assert len(run.signal_times) == 2 and "SIGINT again: killing every worker now" in run.stderr
+    # the clean stop would wait out a 3 s grace period for the hung env; the second Ctrl-C does not
+    assert run.exit_time - run.signal_times[1] < 2.5
+    assert_clean_end(run)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# In this process: a driver blocked in a channel get
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(ClusterConfig(num_devices=2, timeout_s=30))
+    yield c
+    c.shutdown()
+
+
+def test_driver_blocked_in_a_channel_get_notices_a_death(cluster):
+    group = EchoWorker.create_group(None).launch(cluster, ComponentPlacement({"p": "0"}, 2).get_strategy("p"),
+                                                 name="Producer")
+    pid = group.info().wait()[0]["pid"]
+    ch = Channel.create("from_producer", cluster)
+    group.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)  # the producer dies instead of putting anything
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=rf"Producer rank 0 \(pid {pid}\) died with signal SIGKILL"):
+        ch.get(key="never", expected_from="Producer rank 0")  # would otherwise block for 30 s
+    assert time.monotonic() - start < 2
+    group.shutdown()
+    cluster.groups.remove(group)
+
+
+def test_rng_states_round_trip_through_every_rank(cluster):
+    group = EchoWorker.create_group(None).launch(cluster, ComponentPlacement({"r": "0-1"}, 2).get_strategy("r"),
+                                                 name="Rng")
+    states = group.get_rng_state().wait()
+    first = group.draw().wait()
+    for rank, state in enumerate(states):
+        group.execute_on(rank).set_rng_state(state).wait()
+    assert group.draw().wait() == first  # python, numpy and torch draws all repeat
+    assert group.draw().wait() != first
+    group.shutdown()
+    cluster.groups.remove(group)
+
+
+def test_fault_plan_is_read_strictly():
+    assert faults.parse("group=A,rank=1,method=m,call=2,kind=hang") == faults.Fault("m", "hang", "A", 1, 2)
+    for bad in ("method=m", "kind=raise", "method=m,kind=boom", "method=m,kind=raise,rank=x", "mehtod=m,kind=raise"):
+        with pytest.raises(ValueError, match=faults.ENV_VAR):
+            faults.parse(bad)
+
+
+def test_malformed_fault_plan_is_a_one_line_error_before_any_worker(monkeypatch, capsys, tmp_path):
+    from rlinf_mini.train import main
+
+    monkeypatch.setenv(faults.ENV_VAR, "method=run_training,kind=explode")
+    assert main(["--config", str(write_config(tmp_path, **BASE))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and faults.ENV_VAR in err and "explode" in err
+
