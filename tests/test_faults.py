@@ -200,7 +200,10 @@ def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
 
 
-def assert_clean_end(run: Run, max_seconds: float = 30.0) -> None:
+def assert_clean_end(run: Run, max_seconds: float = 60.0) -> None:
+    # Alone on 2 quiet cores a run ends in well under 30 s (most of it four processes importing torch); the bound is
+    # the fixture's hang guard, so that a loaded CI box does not fail it. What must be fast is the driver's reaction
+    # to the fault, asserted by each test (< 10 s).
     assert run.seconds <= max_seconds, f"the run took {run.seconds:.1f} s"
     assert run.spawned, "no worker was ever seen: the case did not run"
     assert run.leftover == set(), f"processes outlived the run: {run.leftover}"
