@@ -180,6 +180,15 @@ class NoopWorker(Worker):
         return None
 
 
+def _work(seconds: float, sleep: bool) -> None:
+    """`seconds` of work: CPU time (the benchmark), or a sleep: work done elsewhere, on a GPU or a remote simulator,
+    while this process waits (tutorial 03, whose timing must hold on a CPU shared with other jobs)."""
+    if sleep:
+        time.sleep(seconds)
+    else:
+        _spin(seconds)
+
+
 def _spin(seconds: float) -> None:
     """`seconds` of this thread's CPU time (a simulator or a forward pass occupies its core; a sleep, or a spin until
     a wall-clock deadline, would let two processes on one core both finish in the time of one)."""
@@ -189,11 +198,12 @@ def _spin(seconds: float) -> None:
 
 
 class SimEnvWorker(Worker):
-    """An env whose full step (all its envs) costs E seconds of CPU; stage k of S costs E / S. Speaks the same
-    protocol as stages/rollout.py's EnvWorker: prime every stage, then per step and stage get actions, step, put obs."""
+    """An env whose full step (all its envs) costs E seconds of CPU (or of sleep); stage k of S costs E / S. Speaks
+    the same protocol as stages/rollout.py's EnvWorker: prime every stage, then per step and stage get actions, step,
+    put obs."""
 
     def run(self, rollout_channel: Channel, env_channel: Channel, n_steps: int, stages: int, env_s: float,
-            obs_shape: tuple[int, ...]) -> float:
+            obs_shape: tuple[int, ...], sleep: bool = False) -> float:
         obs = torch.zeros(obs_shape)
         start = time.perf_counter()
         for k in range(stages):
@@ -203,7 +213,7 @@ class SimEnvWorker(Worker):
                 with tracer.span("wait_actions", stage=k):
                     env_channel.get(key=k)
                 with tracer.span("env_step", stage=k):
-                    _spin(env_s / stages)
+                    _work(env_s / stages, sleep)
                 rollout_channel.put({"obs": obs}, key=k)
         for k in range(stages):
             env_channel.get(key=k)  # the last actions (the rollout answered the final observations)
@@ -211,17 +221,17 @@ class SimEnvWorker(Worker):
 
 
 class SimRolloutWorker(Worker):
-    """A policy whose inference on all envs costs P seconds of CPU; on one stage's envs, P / S."""
+    """A policy whose inference on all envs costs P seconds of CPU (or of sleep); on one stage's envs, P / S."""
 
     def run(self, rollout_channel: Channel, env_channel: Channel, n_steps: int, stages: int, infer_s: float,
-            action_shape: tuple[int, ...]) -> None:
+            action_shape: tuple[int, ...], sleep: bool = False) -> None:
         actions = torch.zeros(action_shape)
         for _ in range(n_steps + 1):
             for k in range(stages):
                 with tracer.span("wait_obs", stage=k):
                     rollout_channel.get(key=k)
                 with tracer.span("inference", stage=k):
-                    _spin(infer_s / stages)
+                    _work(infer_s / stages, sleep)
                 env_channel.put({"actions": actions}, key=k)
 
 
