@@ -18,7 +18,11 @@ from conftest import ROOT
 from rlinf_mini.shm import PREFIX, SHM_DIR
 
 TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
-PICTURES = {"01_placement": ["01_placement.png"]}  # tutorial -> the files it must draw into its output folder
+PICTURES = {  # tutorial -> the files it must draw into its output folder
+    "01_placement": ["01_placement.png"],
+    "03_rollout_pipeline": ["03_timeline_stage1.png", "03_timeline_stage2.png"],
+    "06_full_run": ["runs/06_straight/learning_curve.png", "runs/06_straight/timeline.png"],
+}
 SECTIONS = ["What this stage does", "The code to read", "Run it", "What you should see", "The RLinf counterpart",
             "Exercise"]
 TIMEOUT_S = 300  # a hang guard, not a speed check (tutorials aim at <= 60 s on 2 cores; see the report printed)
@@ -44,9 +48,10 @@ def run_tutorial(path: Path, out: Path) -> tuple[subprocess.CompletedProcess, fl
     return subprocess.CompletedProcess(proc.args, proc.returncode, output), seconds
 
 
-def test_the_five_tutorials_of_this_part_exist():
+def test_every_tutorial_exists():
     names = {p.stem for p in TUTORIALS}
-    assert {"00_overview", "01_placement", "02_weight_sync", "04_advantages", "05_training"} <= names
+    assert {"00_overview", "01_placement", "02_weight_sync", "03_rollout_pipeline", "04_advantages", "05_training",
+            "06_full_run"} <= names
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
