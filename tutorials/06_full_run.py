@@ -60,7 +60,8 @@ def config(name: str, steps: int, *extra: str):
                         *extra])
 
 
-shutil.rmtree(RUNS, ignore_errors=True)  # a rerun starts fresh (resume_dir: auto would pick up the old run)
+for name in ("06_straight", "06_resumed"):  # a rerun starts fresh (resume_dir: auto would pick up the old run)
+    shutil.rmtree(RUNS / name, ignore_errors=True)
 cfg = config("06_straight", 10)
 plan = RunPlan(cfg, "06_full_run")
 print(f"world sizes {plan.world_sizes}; run folder {plan.run_dir}")
