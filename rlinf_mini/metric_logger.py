@@ -22,7 +22,9 @@ class MetricLogger:
         if resume_step == 0:
             self.path.write_text("")
         else:  # a resumed run continues the file from its checkpoint: later lines belonged to the lost future
-            lines = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
+            # (a run resumed from another run's checkpoint, into a folder of its own, starts a new file)
+            old = self.path.read_text() if self.path.exists() else ""
+            lines = [ln for ln in old.splitlines() if ln and json.loads(ln)["step"] <= resume_step]
             self.path.write_text("".join(ln + "\n" for ln in lines))
         self._file = self.path.open("a")
         self._tb = None

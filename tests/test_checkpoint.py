@@ -69,6 +69,20 @@ def test_resume_continues_bitwise(runs):
     assert logged(straight) == logged(split)
 
 
+def test_metrics_of_a_run_resumed_into_a_new_folder_start_at_the_checkpoint(tmp_path):
+    """resume_dir may name another run's checkpoint: the new folder has no metrics.jsonl to continue."""
+    from rlinf_mini.config import LoggerConfig
+    from rlinf_mini.metric_logger import MetricLogger
+
+    logger = MetricLogger(LoggerConfig(logger_backends=[]), tmp_path, resume_step=5)
+    logger.log({"train/loss": 1.0}, step=6)
+    logger.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 6, "train/loss": 1.0}]
+    logger = MetricLogger(LoggerConfig(logger_backends=[]), tmp_path, resume_step=5)  # resumed again from step 5
+    logger.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == []
+
+
 def test_checkpoint_folder_is_complete_or_absent(runs):
     run_dir = runs[0]
     ckpt = find_latest_checkpoint(run_dir)

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 06 — The full run: config → cluster → groups → runner, checkpoint, resume, eval, metrics
 #
-# Run it: `python tutorials/06_full_run.py` (25–50 s on a 2-core CPU: two short training runs). Every stated fact
+# Run it: `python tutorials/06_full_run.py` (20–45 s on a 2-core CPU: two short training runs). Every stated fact
 # is an `assert` in the cell after it.
 #
 # ## What this stage does, and why RLinf has it
@@ -148,15 +148,16 @@ except (ImportError, NameError):
 # %% [markdown]
 # ## Run it (3): stop and resume
 #
-# A second run stops after 5 steps (its checkpoint `global_step_5`), then a new process starts with
-# `--runner.resume-dir auto` and `--runner.max-epochs 10`: it finds the newest complete checkpoint and continues.
-# On the CPU everything that drives a trajectory is either in the checkpoint (weights, optimizer, env states,
-# generators) or a function of (seed, env id, step), so the resumed run must match the straight one **bitwise**.
+# Suppose the run above had been stopped after step 5 (Ctrl-C, a crash, the end of a job's time slot): its last
+# complete checkpoint would be `global_step_5`. A new process started with `--runner.resume-dir` pointing at that
+# folder (or `--runner.resume-dir auto`, which takes the newest complete checkpoint of the run's own folder, as
+# `find_latest_checkpoint` finds it) loads it and continues to step 10 — here into a folder of its own, so that
+# the two runs can be compared. On the CPU everything that drives a trajectory is either in the checkpoint
+# (weights, optimizer, env states, generators) or a function of (seed, env id, step), so the resumed run must
+# match the straight one **bitwise**.
 
 # %%
-first = config("06_resumed", 5)
-build_and_run(first, RunPlan(first, "06 first half"))
-second = config("06_resumed", 10, "--runner.resume-dir", "auto")
+second = config("06_resumed", 10, "--runner.resume-dir", str(run_dir / "checkpoints/global_step_5"))
 resumed_plan = RunPlan(second, "06 resumed")
 resumed = build_and_run(second, resumed_plan)
 print("the resumed run logged steps", [h["step"] for h in resumed])
@@ -174,6 +175,7 @@ def logged(rows):  # timings differ between runs; everything else must not
 
 # %%
 assert [h["step"] for h in resumed] == [6, 7, 8, 9, 10]
+assert [m["step"] for m in read_metrics(resumed_plan.run_dir / "metrics.jsonl")] == [6, 7, 8, 9, 10]
 assert logged(resumed) == logged(history[-5:])
 a = torch.load(run_dir / "checkpoints/global_step_10/actor/actor.pt", weights_only=True)
 b = torch.load(resumed_plan.run_dir / "checkpoints/global_step_10/actor/actor.pt", weights_only=True)
