@@ -22,6 +22,7 @@ class GuardedEnv:
     def __init__(self, env, where: str):
         self.env, self.where = env, where
         self.spec, self.num_envs, self.env_ids = env.spec, env.num_envs, env.env_ids
+        self.cfg = getattr(env, "cfg", None)  # the eval video recorder labels its frames with cfg.init_params.id
         ids = env.env_ids
         self._ids = f"sub-envs {int(ids[0])}-{int(ids[-1])}" if len(ids) else "no sub-envs"
 
@@ -39,6 +40,13 @@ class GuardedEnv:
             return self.env.chunk_step(actions)
         except Exception as e:
             raise self._fail("chunk_step", e) from e
+
+    def render(self) -> torch.Tensor:
+        """uint8 [B, 3, H, W] frames, for the eval videos of envs without image observations (gymnasium, ManiSkill)."""
+        try:
+            return self.env.render()
+        except Exception as e:
+            raise self._fail("render", e) from e
 
     def get_state(self) -> dict:
         return self.env.get_state()
