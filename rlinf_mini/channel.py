@@ -11,6 +11,8 @@ message goes from producer to consumer directly, with no process in between:
 - bound and count: a stream socketpair holding one byte per token; FIONREAD counts them exactly. On a bounded key a
   token is a free slot (the server writes `maxsize` of them; a put takes one, blocking while there is none, and a
   get gives one back); on an unbounded key a token is a queued message. `qsize` reads the count from the kernel.
+  An unbounded key holds what the kernel buffers allow (raised to net.core.wmem_max: ~270 small messages at Linux's
+  default 212992 bytes); a put beyond that waits like a put on a full bounded key.
 The `ChannelServer` (threads in the driver on one abstract unix socket; RLinf keeps its queues in a `ChannelWorker`
 Ray actor) knows each channel's maxsize, creates a key's sockets on first use and hands their descriptors to each
 process once (SCM_RIGHTS). It stays out of the data path; clients also watch their connection to it, so a wait ends
