@@ -191,7 +191,8 @@ def loads(data: bytes) -> Any:
 # ---------------------------------------------------------------------------------------------------------------------
 # Messages on a key's kernel queue: one pickle each, or a shared-memory blob when the pickle is large
 
-_MSG_MAX = 32 * 1024  # a pickle larger than this (inline tensors under SHM_MIN_BYTES add up) travels as a blob
+_MSG_MAX = 16 * 1024  # a larger pickle (inline tensors under SHM_MIN_BYTES add up) travels as a blob: even at
+# Linux's default wmem_max a key's socket then holds >= 25 messages, so a bounded put is rarely held by the buffer
 _RECV_BYTES = _MSG_MAX + 1024
 
 
