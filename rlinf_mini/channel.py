@@ -11,8 +11,8 @@ message goes from producer to consumer directly, with no process in between:
 - bound and count: a stream socketpair holding one byte per token; FIONREAD counts them exactly. On a bounded key a
   token is a free slot (the server writes `maxsize` of them; a put takes one, blocking while there is none, and a
   get gives one back); on an unbounded key a token is a queued message. `qsize` reads the count from the kernel.
-  An unbounded key holds what the kernel buffers allow (raised to net.core.wmem_max: ~270 small messages at Linux's
-  default 212992 bytes); a put beyond that waits like a put on a full bounded key.
+  An unbounded key holds what the kernel buffers allow (raised to net.core.wmem_max: ~550 messages at Linux's
+  default 212992 bytes); a put beyond that waits like a put on a full bounded key. maxsize is at most MAX_BOUND.
 The `ChannelServer` (threads in the driver on one abstract unix socket; RLinf keeps its queues in a `ChannelWorker`
 Ray actor) knows each channel's maxsize, creates a key's sockets on first use and hands their descriptors to each
 process once (SCM_RIGHTS). It stays out of the data path; clients also watch their connection to it, so a wait ends
@@ -60,6 +60,9 @@ from rlinf_mini.shm import SharedSegment
 from rlinf_mini.tracer import span
 
 DEFAULT_KEY = "default_queue"
+# Each returned token is one skb (~770 bytes) in the kernel: at Linux's default wmem_max a key's token socket holds
+# ~550 of them, so a larger bound could leave a get unable to give its token back.
+MAX_BOUND = 512
 SHM_MIN_BYTES = 64 * 1024  # below this, pickling the bytes inline is cheaper than a shared-memory hop
 _HEADER = 64  # byte 0 of every pool segment is its busy flag; tensor data starts at a 64-byte boundary
 
@@ -236,7 +239,7 @@ class _KeyQueue:
         self.data_w, self.data_r = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.tok_w, self.tok_r = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for s in (self.data_w, self.tok_w):
-            try:  # unix sockets count the sender's buffer: ~270 small messages by default, ~5000 at wmem_max
+            try:  # unix sockets count the sender's buffer in skbs of ~770 bytes: ~270 messages by default
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _wmem_max())
             except OSError:
                 pass
@@ -276,6 +279,8 @@ class ChannelServer:
     def create(self, name: str, maxsize: int) -> None:
         if name in self.channels:
             raise ValueError(f"channel {name!r} already exists")
+        if not 0 <= maxsize <= MAX_BOUND:
+            raise ValueError(f"channel {name!r}: maxsize={maxsize} must be 0 (unbounded) to {MAX_BOUND}")
         self.channels[name] = maxsize
 
     def _accept_loop(self) -> None:

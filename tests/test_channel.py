@@ -57,7 +57,7 @@ def test_two_producer_processes_and_two_consumer_threads_get_every_item_exactly_
 
 def test_unbounded_qsize_counts_queued_items_and_a_bound_blocks_at_maxsize(cluster):
     ch = Channel.create("count", cluster)
-    for i in range(200):  # (the kernel buffer holds ~270 small messages at the default wmem_max)
+    for i in range(200):  # (the kernel buffers hold ~550 small messages at Linux's default wmem_max)
         ch.put({"i": i}, key="u", timeout=2)
     assert ch.qsize("u") == 200
     assert [ch.get(key="u")["i"] for _ in range(200)] == list(range(200))
@@ -90,3 +90,8 @@ def test_a_blocked_get_ends_with_channel_closed_when_the_server_goes_away():
     with pytest.raises(ChannelClosed, match="'gone'"):
         ch.get(key="k", timeout=20)
     assert time.monotonic() - start < 5
+
+
+def test_a_bound_above_what_the_kernel_holds_is_refused_by_name(cluster):
+    with pytest.raises(ValueError, match=r"channel 'huge': maxsize=100000 must be 0 \(unbounded\) to 512"):
+        Channel.create("huge", cluster, maxsize=100_000)
