@@ -64,6 +64,7 @@ DEFAULT_KEY = "default_queue"
 # ~550 of them, so a larger bound could leave a get unable to give its token back.
 MAX_BOUND = 512
 SHM_MIN_BYTES = 64 * 1024  # below this, pickling the bytes inline is cheaper than a shared-memory hop
+DRIVER_SLICE_S = 0.5  # a put/get in the driver checks every worker's liveness this often
 _HEADER = 64  # byte 0 of every pool segment is its busy flag; tensor data starts at a 64-byte boundary
 
 
@@ -357,12 +358,18 @@ class Channel:
 
     def __init__(self, name: str, address: str, authkey: bytes, default_timeout: float):
         self.name, self._address, self._authkey, self.default_timeout = name, address, authkey, default_timeout
+        self._check_workers = None  # in the driver: Cluster.check_workers, so a blocked put/get notices a death
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_check_workers": None}  # workers do not watch each other: the driver does
 
     @classmethod
     def create(cls, name: str, cluster, maxsize: int = 0) -> Channel:
         """Create channel `name` on `cluster`'s channel server; maxsize bounds each key's queue (0 = unbounded)."""
         cluster.channel_server.create(name, maxsize)
-        return cls(name, cluster.channel_server.address, cluster.channel_server.authkey, cluster.timeout_s)
+        channel = cls(name, cluster.channel_server.address, cluster.channel_server.authkey, cluster.timeout_s)
+        channel._check_workers = cluster.check_workers
+        return channel
 
     def _closed(self, why: object) -> ChannelClosed:
         _local.__dict__.setdefault("conns", {}).pop(self._address, None)
@@ -406,16 +413,19 @@ class Channel:
             return _opened[ident]
 
     def _wait(self, sock: socket.socket, event: int, deadline: float) -> bool:
-        """Block until `sock` is ready for `event` (False at the deadline); ChannelClosed if the server is gone."""
+        """Block until `sock` is ready for `event` (False at the deadline); ChannelClosed if the server is gone.
+        In the driver, waits in slices of DRIVER_SLICE_S and raises if a worker died meanwhile."""
         conn, _ = self._connection()
         poller = select.poll()
         poller.register(sock, event)
         poller.register(conn.fileno(), select.POLLIN)  # the server's end never speaks unasked: EOF = it is gone
         while True:
+            if self._check_workers is not None:
+                self._check_workers()
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            for fd, _ in poller.poll(min(left, 3600.0) * 1000):
+            for fd, _ in poller.poll(min(left, DRIVER_SLICE_S if self._check_workers else 3600.0) * 1000):
                 if fd == conn.fileno():
                     raise self._closed("connection closed")
                 return True

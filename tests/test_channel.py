@@ -14,6 +14,7 @@ from rlinf_mini import channel as channel_mod
 from rlinf_mini.channel import Channel, ChannelClosed, ChannelServer, ChannelTimeout
 from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import ClusterConfig
+from rlinf_mini.worker import WorkerDiedError
 from stages.placement import ComponentPlacement
 
 
@@ -95,3 +96,17 @@ def test_a_blocked_get_ends_with_channel_closed_when_the_server_goes_away():
 def test_a_bound_above_what_the_kernel_holds_is_refused_by_name(cluster):
     with pytest.raises(ValueError, match=r"channel 'huge': maxsize=100000 must be 0 \(unbounded\) to 512"):
         Channel.create("huge", cluster, maxsize=100_000)
+
+
+def test_a_blocked_get_in_the_driver_ends_when_a_worker_dies(cluster):
+    placement = ComponentPlacement({"doomed": "0"}, cluster.num_devices)
+    doomed = EchoWorker.create_group(None).launch(cluster, placement.get_strategy("doomed"), name="ChanDoomed")
+    doomed.info().wait()
+    ch = Channel.create("watched", cluster)
+    doomed.exit_hard(7)  # not waited for: the channel wait is what must notice
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=r"ChanDoomed rank 0 .* exit code 7"):
+        ch.get(key="k", timeout=15)
+    assert time.monotonic() - start < 5
+    doomed.shutdown()
+    cluster.groups.remove(doomed)
