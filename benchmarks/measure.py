@@ -311,19 +311,23 @@ def plain_loop_steps_per_s(config: str, n_steps: int) -> float:
     from rlinf_mini.envs import get_env_spec, make_env
     from rlinf_mini.models import build_policy
     from rlinf_mini.seeding import counter_uniform
+    from rlinf_mini.train import RunPlan
 
     torch.set_num_threads(1)
-    cfg = load_config(["--config", config])
-    train, chunks = cfg.env.train, cfg.actor.model.num_action_chunks
-    spec = get_env_spec(train)
-    env = make_env(train, torch.arange(train.total_num_envs), chunks, key="env.train")
-    policy = build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete).eval()
+    with tempfile.TemporaryDirectory(prefix="bench_loop_") as log_path:
+        cfg = load_config(["--config", config, "--runner.logger.log_path", log_path])
+        RunPlan(cfg, config)  # creates the VLA's model folder when the config names one that does not exist yet
+        train, chunks = cfg.env.train, cfg.actor.model.num_action_chunks
+        spec = get_env_spec(train)
+        env = make_env(train, torch.arange(train.total_num_envs), chunks, key="env.train")
+        policy = build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete,
+                              image_shape=spec.image_shape).eval()
     obs = env.reset()
     start = time.perf_counter()
     with torch.no_grad():
         for t in range(n_steps):
-            noise = counter_uniform(cfg.actor.seed, env.env_ids, t, chunks * spec.action_dim)
-            out = policy.predict_action_batch(obs, noise)
+            noise = counter_uniform(cfg.actor.seed, env.env_ids, t, policy.noise_width)
+            out = policy.predict_action_batch(policy.prepare_inputs(obs), noise)
             obs, *_ = env.chunk_step(out["actions"])
     seconds = time.perf_counter() - start
     env.close()
@@ -380,11 +384,13 @@ def runner_and_tracing(steps: int, config: str = "configs/embodied_mlp.yaml") ->
     span_s = (time.perf_counter() - start) / 20000
     tracer.drain()
     tracer.enable(False)
+    label = Path(config).stem
     return [
-        Row("end to end: runner rollout env steps/s", "steps/s", runner_rate, loop, "plain 1-process loop",
+        Row(f"end to end ({label}): runner rollout env steps/s", "steps/s", runner_rate, loop, "plain 1-process loop",
             ratio=runner_rate / loop, ratio_of="ours/baseline", target=">= 0.8",
             note=f"whole step incl. training: {env_steps_per_step / step_s_off:.0f} env steps/s"),
-        Row("tracing overhead (step time, trace on / off)", "ms", step_s_on * 1e3, step_s_off * 1e3, "trace off",
+        Row(f"tracing overhead ({label}): step time, trace on / off", "ms", step_s_on * 1e3, step_s_off * 1e3,
+            "trace off",
             ratio=step_s_on / step_s_off, ratio_of="on/off", target="<= 1.03",
             note=f"estimate: {spans_per_step:.0f} spans/step x {span_s * 1e6:.2f} us = "
                  f"{spans_per_step * span_s / step_s_off:.2%} of a step"),

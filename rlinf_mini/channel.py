@@ -4,12 +4,29 @@
     env_channel.put(obs, key=("stage", 0))                       # in a worker: blocks while that key is full
     obs = env_channel.get(key=("stage", 0), timeout=30)          # blocks until an item arrives, or ChannelTimeout
 
-How it works. The queues live in a `ChannelServer`: threads inside the driver process that serve requests arriving
-over one local socket (RLinf keeps them in a `ChannelWorker` Ray actor; the role is the same). A request is a small
-pickled message, so a dict of scalars costs one socket round trip and no shared-memory setup. Tensors of at least
-`SHM_MIN_BYTES` leave the message: the sender copies each into a shared-memory segment from its own pool and sends only
-(name, offset, dtype, shape); the receiver copies it out and marks the segment free, and the sender reuses it. A
-segment is set up once and then reused, so large payloads move at memory-copy speed with no per-message allocation.
+How it works. Every (channel, key) is a queue kept by the kernel, shared by all its producers and consumers, so a
+message goes from producer to consumer directly, with no process in between:
+- data: a socketpair(AF_UNIX, SOCK_SEQPACKET). One send is one message and one recv takes exactly one, atomically,
+  so several producers and consumers need no lock; a blocked get sleeps in poll() with its timeout.
+- bound and count: a stream socketpair holding one byte per token; FIONREAD counts them exactly. On a bounded key a
+  token is a free slot (the server writes `maxsize` of them; a put takes one, blocking while there is none, and a
+  get gives one back); on an unbounded key a token is a queued message. `qsize` reads the count from the kernel.
+  An unbounded key holds what the kernel buffers allow (raised to net.core.wmem_max: ~550 messages at Linux's
+  default 212992 bytes); a put beyond that waits like a put on a full bounded key. maxsize is at most MAX_BOUND.
+The `ChannelServer` (threads in the driver on one abstract unix socket; RLinf keeps its queues in a `ChannelWorker`
+Ray actor) knows each channel's maxsize, creates a key's sockets on first use and hands their descriptors to each
+process once (SCM_RIGHTS). It stays out of the data path; clients also watch their connection to it, so a wait ends
+with ChannelClosed when the driver goes away.
+
+Why. The first version kept the queues in the server: every message made two socket hops through a driver thread
+(~100 us each idle, milliseconds when the cores are oversubscribed), and small messages ran at 0.1x a pickled
+multiprocessing.Queue. Now a put or get is 2-3 system calls (~10 us of CPU).
+
+Payloads. A message is one pickle. Tensors of at least `SHM_MIN_BYTES` leave it: the sender copies each into a
+shared-memory segment from its own pool and sends only (name, offset, dtype, shape); the receiver maps it without a
+copy and the segment is free again when the receiver drops the tensor. A segment is set up once and reused, so large
+payloads cost one memory copy and no per-message allocation. A pickle over `_MSG_MAX` (many small tensors) travels
+the same way as a blob, so socket messages stay small.
 
 RLinf counterpart: `rlinf/scheduler/channel/channel.py::Channel` (put/get/qsize, keys, maxsize). Left out: weighted
 `get_batch`, async handles, multi-node replicas. A Ray backend would keep this API and host the server in an actor.
@@ -18,12 +35,17 @@ RLinf counterpart: `rlinf/scheduler/channel/channel.py::Channel` (put/get/qsize,
 from __future__ import annotations
 
 import atexit
-import collections
+import copyreg
+import fcntl
 import io
 import math
 import os
 import pickle
 import secrets
+import select
+import socket
+import struct
+import termios
 import threading
 import time
 import weakref
@@ -38,8 +60,9 @@ from rlinf_mini.shm import SharedSegment
 from rlinf_mini.tracer import span
 
 DEFAULT_KEY = "default_queue"
-_UNBOUNDED = 1 << 30  # the credit of a put on an unbounded channel
-_GET_BATCH = 64  # the most items one get request takes home
+# Each returned token is one skb (~770 bytes) in the kernel: at Linux's default wmem_max a key's token socket holds
+# ~550 of them, so a larger bound could leave a get unable to give its token back.
+MAX_BOUND = 512
 SHM_MIN_BYTES = 64 * 1024  # below this, pickling the bytes inline is cheaper than a shared-memory hop
 DRIVER_SLICE_S = 0.5  # a put/get in the driver checks every worker's liveness this often
 _HEADER = 64  # byte 0 of every pool segment is its busy flag; tensor data starts at a 64-byte boundary
@@ -73,12 +96,14 @@ class _SegmentPool:
                     return seg
             size = _HEADER + max(1 << 16, 1 << (nbytes - 1).bit_length())  # power of two: fewer distinct sizes
             seg = SharedSegment.create(size, tag="chan")
+            seg.send_view = numpy.frombuffer(seg._mmap, dtype=numpy.uint8, offset=_HEADER)  # [size - _HEADER] bytes
             seg._mmap[0] = 1
             self.segments.append(seg)
             return seg
 
     def close(self) -> None:
         for seg in self.segments:
+            seg.send_view = None  # the view exports the mapping's buffer: drop it so that the mapping can close
             seg.close()
         self.segments.clear()
 
@@ -88,42 +113,45 @@ atexit.register(lambda: close_process_resources())
 _attached: dict[str, SharedSegment] = {}  # receive side: segments opened once per process, by name
 
 
-class _Pickler(pickle.Pickler):
-    """Tensors are written as raw bytes: inline when small, into a pooled shared segment when large.
+def _reduce_tensor(obj: torch.Tensor) -> tuple:
+    """How the channel pickles a tensor: raw bytes inline when small, through a pooled shared segment when large.
 
-    (torch's own pickling of a small tensor costs ~150 us; its bytes cost ~5 us.)
+    (torch's own pickling of a small tensor costs ~150 us; its bytes cost ~5 us.) A reducer in the pickler's
+    dispatch_table, not a persistent_id hook: that hook is a Python call for every object of every message.
     """
-
-    def persistent_id(self, obj: Any):
-        if not isinstance(obj, torch.Tensor):
-            return None
-        t = obj.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()  # CUDA tensors go through host memory here; CUDA IPC is a later step
-        nbytes = t.numel() * t.element_size()
-        if nbytes < SHM_MIN_BYTES:
-            raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            return ("bytes", raw, t.dtype, tuple(t.shape))
-        seg = _send_pool.acquire(nbytes)
+    t = obj.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()  # CUDA tensors go through host memory here; CUDA IPC is a later step
+    nbytes = t.numel() * t.element_size()
+    if nbytes < SHM_MIN_BYTES:
+        return _rebuild_bytes, (t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), t.dtype,
+                                tuple(t.shape))
+    seg = _send_pool.acquire(nbytes)
+    if t.dtype in _NUMPY_DTYPES and t.is_contiguous():  # numpy copy into a cached view: ~10 us less than torch's
+        numpy.copyto(seg.send_view[:nbytes], t.numpy().reshape(-1).view(numpy.uint8))
+    else:
         _shm_tensor(seg, t.dtype, tuple(t.shape)).copy_(t)
-        return ("shm", seg.name, seg.size, t.dtype, tuple(t.shape))
+    return _rebuild_shm, (seg.name, seg.size, t.dtype, tuple(t.shape))
 
 
-class _Unpickler(pickle.Unpickler):
-    def persistent_load(self, pid):
-        if pid[0] == "bytes":
-            _, raw, dtype, shape = pid
-            if not raw:
-                return torch.empty(shape, dtype=dtype)
-            return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
-        _, name, size, dtype, shape = pid
-        seg = _attached.get(name)
-        if seg is None:
-            seg = _attached[name] = SharedSegment.attach(name, size)
-        # Zero copy: the tensor we return *is* the sender's segment. The segment goes back to its sender (flag 0)
-        # when the last tensor or view using it is freed: torch.from_numpy keeps the numpy array alive exactly that
-        # long, and the array's finalizer clears the flag. A copy here would cost as much as the sender's copy.
-        return _shm_tensor(seg, dtype, shape, on_free=_release)
+def _rebuild_bytes(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if not raw:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _rebuild_shm(name: str, size: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    seg = _attached.get(name)
+    if seg is None:
+        seg = _attached[name] = SharedSegment.attach(name, size)
+    # Zero copy: the tensor we return *is* the sender's segment. The segment goes back to its sender (flag 0)
+    # when the last tensor or view using it is freed: torch.from_numpy keeps the numpy array alive exactly that
+    # long, and the array's finalizer clears the flag. A copy here would cost as much as the sender's copy.
+    return _shm_tensor(seg, dtype, shape, on_free=_release)
+
+
+class _Pickler(pickle.Pickler):
+    dispatch_table = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor, torch.nn.Parameter: _reduce_tensor}
 
 
 _NUMPY_DTYPES = {torch.uint8: numpy.uint8, torch.int8: numpy.int8, torch.int16: numpy.int16, torch.int32: numpy.int32,
@@ -161,27 +189,89 @@ def dumps(obj: Any) -> bytes:
 
 
 def loads(data: bytes) -> Any:
-    return _Unpickler(io.BytesIO(data)).load()
+    return pickle.loads(data)  # the tensors rebuild themselves: _rebuild_bytes, _rebuild_shm
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The server (runs in the driver)
+# Messages on a key's kernel queue: one pickle each, or a shared-memory blob when the pickle is large
+
+_MSG_MAX = 16 * 1024  # a larger pickle (inline tensors under SHM_MIN_BYTES add up) travels as a blob: even at
+# Linux's default wmem_max a key's socket then holds >= 25 messages, so a bounded put is rarely held by the buffer
+_RECV_BYTES = _MSG_MAX + 1024
 
 
-class _Queues:
+def _frame(payload: bytes) -> bytes:
+    if len(payload) <= _MSG_MAX:
+        return b"P" + payload
+    seg = _send_pool.acquire(len(payload))
+    seg._mmap[_HEADER:_HEADER + len(payload)] = payload
+    return b"B" + pickle.dumps((seg.name, seg.size, len(payload)))
+
+
+def _unframe(msg: bytes) -> Any:
+    if msg[:1] == b"P":
+        return loads(msg[1:])
+    name, size, n = pickle.loads(msg[1:])
+    seg = _attached.get(name)
+    if seg is None:
+        seg = _attached[name] = SharedSegment.attach(name, size)
+    payload = bytes(seg._mmap[_HEADER:_HEADER + n])
+    _release(seg)
+    return loads(payload)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The server (runs in the driver): makes each key's kernel queue on first use and hands its ends to every client
+
+
+class _KeyQueue:
+    """The kernel objects of one (channel, key), created by the server, shared by every producer and consumer.
+
+    data_w -> data_r: SOCK_SEQPACKET pair; one send is one message and one recv takes exactly one, atomically, so
+        any number of producers and consumers share it without a lock. Messages stay small (<= _MSG_MAX).
+    tok_w -> tok_r: SOCK_STREAM pair holding one byte per token; FIONREAD on tok_r counts them exactly.
+        Bounded key: a token is a free slot. The server writes `maxsize`; a put takes one (blocking while there is
+        none), a get gives one back after taking its message. Unbounded key: a token is a queued message; a put
+        adds one before its message, a get takes one after. Either way qsize is a count the kernel keeps.
+    """
+
     def __init__(self, maxsize: int):
-        self.maxsize = maxsize  # 0 = unbounded
-        self.items: dict[Hashable, collections.deque] = collections.defaultdict(collections.deque)
-        self.cond = threading.Condition()
+        self.maxsize = maxsize
+        self.data_w, self.data_r = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.tok_w, self.tok_r = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for s in (self.data_w, self.tok_w):
+            try:  # unix sockets count the sender's buffer in skbs of ~770 bytes: ~270 messages by default
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _wmem_max())
+            except OSError:
+                pass
+        if maxsize > 0:
+            self.tok_w.sendall(b"\1" * maxsize)
+
+    def fds(self) -> list[int]:
+        return [self.data_w.fileno(), self.data_r.fileno(), self.tok_w.fileno(), self.tok_r.fileno()]
+
+    def close(self) -> None:
+        for s in (self.data_w, self.data_r, self.tok_w, self.tok_r):
+            s.close()
+
+
+def _wmem_max() -> int:
+    try:
+        return int(open("/proc/sys/net/core/wmem_max").read())
+    except (OSError, ValueError):
+        return 1 << 20
 
 
 class ChannelServer:
-    """Holds every channel's queues; one thread per connected process serves that process's requests in order."""
+    """Knows every channel's maxsize and each key's kernel queue; one thread per connected process serves its
+    requests (opening a key, in practice once per process and key). Messages never pass through it."""
 
     def __init__(self):
         self.address = f"\0rlinf_mini_{os.getpid()}_{secrets.token_hex(4)}"  # Linux abstract socket: no file left
         self.authkey = secrets.token_bytes(16)
-        self.channels: dict[str, _Queues] = {}
+        self.channels: dict[str, int] = {}  # name -> maxsize (0 = unbounded)
+        self.keys: dict[tuple[str, Hashable], _KeyQueue] = {}
+        self._lock = threading.Lock()
         self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
         self._closed = False
         self._conns: list[Connection] = []
@@ -190,7 +280,9 @@ class ChannelServer:
     def create(self, name: str, maxsize: int) -> None:
         if name in self.channels:
             raise ValueError(f"channel {name!r} already exists")
-        self.channels[name] = _Queues(maxsize)
+        if not 0 <= maxsize <= MAX_BOUND:
+            raise ValueError(f"channel {name!r}: maxsize={maxsize} must be 0 (unbounded) to {MAX_BOUND}")
+        self.channels[name] = maxsize
 
     def _accept_loop(self) -> None:
         while not self._closed:
@@ -203,35 +295,20 @@ class ChannelServer:
 
     def _serve(self, conn: Connection) -> None:
         try:
-            while True:
-                op, name, key, payload, timeout = conn.recv()
-                conn.send(self._handle(op, self.channels[name], key, payload, timeout))
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:  # the same stream, to pass fds on
+                while True:
+                    op, name, key = conn.recv()
+                    if op != "open" or name not in self.channels:
+                        conn.send(("error", f"unknown channel {name!r}" if op == "open" else f"unknown op {op!r}"))
+                        continue
+                    with self._lock:
+                        q = self.keys.get((name, key))
+                        if q is None:
+                            q = self.keys[(name, key)] = _KeyQueue(self.channels[name])
+                    conn.send(("ok", q.maxsize))
+                    socket.send_fds(sock, [b"\0"], q.fds())
         except (EOFError, OSError):
-            pass  # the process went away; its connection is done
-
-    @staticmethod
-    def _handle(op: str, q: _Queues, key: Hashable, payload: bytes | None, timeout: float) -> tuple:
-        items = q.items[key]
-        with q.cond:
-            if op == "put_nowait":  # the client knows there is room (its credit); see Channel.put
-                items.append(payload)
-                q.cond.notify_all()
-                return ("ok", q.maxsize - len(items) if q.maxsize > 0 else _UNBOUNDED)
-            if op == "put":
-                if not q.cond.wait_for(lambda: q.maxsize <= 0 or len(items) < q.maxsize, timeout):
-                    return ("timeout", None)
-                items.append(payload)
-                q.cond.notify_all()
-                return ("ok", q.maxsize - len(items) if q.maxsize > 0 else _UNBOUNDED)  # the client's new credit
-            if op == "get":  # everything queued, up to `payload` items: one round trip serves a burst
-                if not q.cond.wait_for(lambda: len(items) > 0, timeout):
-                    return ("timeout", None)
-                batch = [items.popleft() for _ in range(min(payload, len(items)))]
-                q.cond.notify_all()
-                return ("ok", batch)
-            if op == "qsize":
-                return ("ok", len(items))
-        raise ValueError(f"unknown channel op {op!r}")
+            pass  # the process went away (or the server closed); its connection is done
 
     def close(self) -> None:
         self._closed = True
@@ -243,28 +320,40 @@ class ChannelServer:
             pass
         for conn in self._conns:
             try:
+                # shutdown, not just close: the serving thread's dup of the socket would keep it open, and
+                # clients watch this socket for EOF to learn that the server is gone
+                socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
                 conn.close()
             except OSError:
                 pass
+        with self._lock:
+            for q in self.keys.values():
+                q.close()
+            self.keys.clear()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The handle (used anywhere: picklable, connects lazily, one connection per process and thread)
+# The handle (used anywhere: picklable; opens each key once per process, one server connection per thread)
 
 _local = threading.local()
+_opened: dict[tuple[str, str, Hashable], _KeyEnds] = {}  # (address, channel, key) -> this process's ends
+_opened_lock = threading.Lock()
+
+
+class _KeyEnds:
+    def __init__(self, maxsize: int, socks: list[socket.socket]):
+        self.maxsize = maxsize
+        self.data_w, self.data_r, self.tok_w, self.tok_r = socks
+
+    def close(self) -> None:
+        for s in (self.data_w, self.data_r, self.tok_w, self.tok_r):
+            s.close()
 
 
 class Channel:
     """A handle on one named channel; safe to pass to group calls and to use from several threads.
 
-    Round trips are what a channel costs (~100 us each on a busy 2-core machine, against ~30 us to copy 786 KB), so
-    the common case makes none per message:
-    - put: the server's answer to a put says how much room the key has left (the credit); while this thread has
-      credit, its next puts go out without waiting for their answers, which it reads later, when they have arrived,
-      to renew the credit. Only a put without credit waits (and blocks while the queue is full). With one producer
-      per key (as in the rollout pipeline) the queue never exceeds maxsize; with several, each may fill its credit.
-    - get: one request takes every item queued for the key (up to 64); the extra ones wait in this thread's local
-      buffer, where the next gets find them (so a key may hold up to 2 x maxsize items in all). `qsize` counts both.
+    A put or get is a few system calls on the key's kernel queues (~10 us) and no round trip: see _KeyQueue.
     """
 
     def __init__(self, name: str, address: str, authkey: bytes, default_timeout: float):
@@ -282,124 +371,142 @@ class Channel:
         channel._check_workers = cluster.check_workers
         return channel
 
-    def _blocking_request(self, op: str, key: Hashable, payload: bytes | None, timeout: float) -> tuple:
-        """A put or get; in the driver it waits in slices of DRIVER_SLICE_S and raises if a worker died meanwhile."""
-        if self._check_workers is None:
-            return self._request(op, key, payload, timeout)
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_workers()
-            left = deadline - time.monotonic()
-            status, data = self._request(op, key, payload, max(0.0, min(DRIVER_SLICE_S, left)))
-            if status != "timeout" or left <= DRIVER_SLICE_S:
-                return status, data
+    def _closed(self, why: object) -> ChannelClosed:
+        _local.__dict__.setdefault("conns", {}).pop(self._address, None)
+        return ChannelClosed(f"channel {self.name!r}: the channel server is gone ({why})")
 
-    def _connection(self) -> Connection:
-        conns = self._state("conns")
-        conn = conns.get(self._address)
-        if conn is None:
+    def _connection(self) -> tuple[Connection, socket.socket]:
+        conns = _local.__dict__.setdefault("conns", {})
+        pair = conns.get(self._address)
+        if pair is None:
             try:
-                conn = conns[self._address] = Client(self._address, family="AF_UNIX", authkey=self._authkey)
+                conn = Client(self._address, family="AF_UNIX", authkey=self._authkey)
             except OSError as e:
-                raise ChannelClosed(f"channel {self.name!r}: the channel server is gone ({e})") from None
-        return conn
+                raise self._closed(e) from None
+            pair = conns[self._address] = (conn, socket.socket(fileno=os.dup(conn.fileno())))
+        return pair
 
-    def _send(self, request: tuple) -> None:
+    def _ends(self, key: Hashable) -> _KeyEnds:
+        ident = (self._address, self.name, key)
+        ends = _opened.get(ident)
+        if ends is not None:
+            return ends
+        conn, sock = self._connection()
         try:
-            self._connection().send(request)
-        except OSError as e:
-            self._state("conns").pop(self._address, None)
-            raise ChannelClosed(f"channel {self.name!r}: the channel server is gone ({e})") from None
-
-    def _read_answers(self, block: bool) -> None:
-        """Read the answers to puts sent without waiting (they arrive in order) and renew those keys' credit."""
-        unanswered = self._state("unanswered").get(self._address)
-        if not unanswered:
-            return
-        conn = self._connection()
-        credits = self._state("credits")
-        try:
-            while unanswered and conn.poll(self.default_timeout + 10.0 if block else 0):
-                _, credit = conn.recv()
-                ident = unanswered.popleft()
-                credits[ident] = credit - sum(1 for i in unanswered if i == ident)  # minus puts still in flight
+            conn.send(("open", self.name, key))
+            if not conn.poll(self.default_timeout + 10.0):
+                raise self._closed("no answer")
+            status, answer = conn.recv()
+            if status != "ok":
+                raise ValueError(f"channel {self.name!r}: {answer}")
+            _, fds, _, _ = socket.recv_fds(sock, 1, 4)
         except (EOFError, OSError) as e:
-            self._state("conns").pop(self._address, None)
-            raise ChannelClosed(f"channel {self.name!r}: the channel server is gone ({e})") from None
-        if unanswered and block:
-            raise ChannelClosed(f"channel {self.name!r}: the channel server did not answer")
+            raise self._closed(e) from None
+        if len(fds) != 4:
+            raise self._closed("no queue descriptors")
+        with _opened_lock:
+            if ident in _opened:  # another thread of this process opened it meanwhile
+                for fd in fds:
+                    os.close(fd)
+            else:
+                _opened[ident] = _KeyEnds(answer, [socket.socket(fileno=fd) for fd in fds])
+            return _opened[ident]
 
-    def _request(self, op: str, key: Hashable, payload: Any, timeout: float) -> tuple:
-        conns = self._state("conns")
-        self._read_answers(block=True)  # answers come in order: earlier puts' answers first
+    def _wait(self, sock: socket.socket, event: int, deadline: float) -> bool:
+        """Block until `sock` is ready for `event` (False at the deadline); ChannelClosed if the server is gone.
+        In the driver, waits in slices of DRIVER_SLICE_S and raises if a worker died meanwhile."""
+        conn, _ = self._connection()
+        poller = select.poll()
+        poller.register(sock, event)
+        poller.register(conn.fileno(), select.POLLIN)  # the server's end never speaks unasked: EOF = it is gone
+        while True:
+            if self._check_workers is not None:
+                self._check_workers()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for fd, _ in poller.poll(min(left, DRIVER_SLICE_S if self._check_workers else 3600.0) * 1000):
+                if fd == conn.fileno():
+                    raise self._closed("connection closed")
+                return True
+
+    def _do(self, op, arg, sock: socket.socket, event: int, deadline: float, wait_name: str, on_timeout):
+        """`op(arg, MSG_DONTWAIT)`, waiting (traced as `wait_name`) while it would block."""
         try:
-            conn = self._connection()
-            conn.send((op, self.name, key, payload, timeout))
-            # The server answers within `timeout`; the margin only guards against a server that vanished.
-            if not conn.poll(timeout + 10.0):
-                raise ChannelClosed(f"channel {self.name!r}: the channel server did not answer")
-            return conn.recv()
-        except (EOFError, OSError) as e:
-            conns.pop(self._address, None)
-            raise ChannelClosed(f"channel {self.name!r}: the channel server is gone ({e})") from None
-
-    def _state(self, attr: str) -> dict:
-        d = getattr(_local, attr, None)
-        if d is None:
-            d = {}
-            setattr(_local, attr, d)
-        return d
+            return op(arg, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass
+        with span(wait_name):
+            while True:
+                if not self._wait(sock, event, deadline):
+                    raise on_timeout()
+                try:
+                    return op(arg, socket.MSG_DONTWAIT)
+                except BlockingIOError:  # another producer / consumer was faster
+                    continue
 
     def put(self, item: Any, key: Hashable = DEFAULT_KEY, timeout: float | None = None) -> None:
         """Append `item` to queue `key`; blocks while the queue is full, at most `timeout` seconds."""
         timeout = self.default_timeout if timeout is None else timeout
-        payload = dumps(item)
-        credits = self._state("credits")
-        ident = (self._address, self.name, key)
-        self._read_answers(block=False)
-        if credits.get(ident, 0) > 0:
-            credits[ident] -= 1
-            self._send(("put_nowait", self.name, key, payload, timeout))
-            self._state("unanswered").setdefault(self._address, collections.deque()).append(ident)
-            return
-        with span("wait_put"):
-            status, credit = self._blocking_request("put", key, payload, timeout)
-        if status == "timeout":
-            raise ChannelTimeout(f"channel {self.name!r} key {key!r}: still full after {timeout:g} s "
-                                 f"(is its consumer alive and reading?)")
-        credits[ident] = credit
+        deadline = time.monotonic() + timeout
+        q = self._ends(key)
+        msg = _frame(dumps(item))
+
+        def full() -> ChannelTimeout:
+            return ChannelTimeout(f"channel {self.name!r} key {key!r}: still full after {timeout:g} s "
+                                  f"(is its consumer alive and reading?)")
+
+        if q.maxsize > 0:  # take a free slot
+            self._do(q.tok_r.recv, 1, q.tok_r, select.POLLIN, deadline, "wait_put", full)
+        else:  # count the message in before it can be taken out
+            self._do(q.tok_w.send, b"\1", q.tok_w, select.POLLOUT, deadline, "wait_put", full)
+        try:
+            self._do(q.data_w.send, msg, q.data_w, select.POLLOUT, deadline, "wait_put", full)
+        except ChannelTimeout:  # the kernel buffer stayed full: undo the token so that the count stays exact
+            if q.maxsize > 0:
+                q.tok_w.send(b"\1")
+            else:
+                q.tok_r.recv(1, socket.MSG_DONTWAIT)
+            raise
 
     def get(self, key: Hashable = DEFAULT_KEY, timeout: float | None = None, expected_from: str = "") -> Any:
         """Pop the oldest item of queue `key`; blocks until one arrives, at most `timeout` seconds."""
-        buffered = self._state("buffered").setdefault((self._address, self.name, key), collections.deque())
-        if buffered:
-            return loads(buffered.popleft())
         timeout = self.default_timeout if timeout is None else timeout
         start = time.monotonic()
-        with span("wait_get"):
-            status, batch = self._blocking_request("get", key, _GET_BATCH, timeout)
-        if status == "timeout":
+        q = self._ends(key)
+
+        def empty() -> ChannelTimeout:
             who = f", expected from {expected_from}" if expected_from else ""
-            raise ChannelTimeout(f"channel {self.name!r} key {key!r}: nothing arrived within "
-                                 f"{time.monotonic() - start:.0f} s{who}")
-        buffered.extend(batch[1:])
-        return loads(batch[0])
+            return ChannelTimeout(f"channel {self.name!r} key {key!r}: nothing arrived within "
+                                  f"{time.monotonic() - start:.0f} s{who}")
+
+        msg = self._do(q.data_r.recv, _RECV_BYTES, q.data_r, select.POLLIN, start + timeout, "wait_get", empty)
+        if q.maxsize > 0:
+            q.tok_w.send(b"\1")  # the slot is free again (never blocks: at most maxsize tokens exist)
+        else:
+            q.tok_r.recv(1)  # its producer counted it in before sending it (never blocks)
+        return _unframe(msg)
 
     def qsize(self, key: Hashable = DEFAULT_KEY) -> int:
-        """Items queued for `key`: at the server plus in this thread's local buffer."""
-        local = len(self._state("buffered").get((self._address, self.name, key), ()))
-        return self._request("qsize", key, None, 1.0)[1] + local
+        """Items queued for `key` (exact when no put or get is under way)."""
+        q = self._ends(key)
+        tokens = struct.unpack("i", fcntl.ioctl(q.tok_r.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        return q.maxsize - tokens if q.maxsize > 0 else tokens
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r})"
 
 
 def close_process_resources() -> None:
-    """Release this process's channel connections and shared-memory segments (called when a worker stops)."""
-    for conn in getattr(_local, "conns", {}).values():
+    """Release this process's channel connections, queue ends and shared-memory segments (when a worker stops)."""
+    for conn, sock in getattr(_local, "conns", {}).values():
+        sock.close()
         conn.close()
-    for attr in ("conns", "credits", "buffered", "unanswered"):
-        getattr(_local, attr, {}).clear()
+    getattr(_local, "conns", {}).clear()
+    with _opened_lock:
+        for ends in _opened.values():
+            ends.close()
+        _opened.clear()
     _send_pool.close()
     for seg in _attached.values():
         seg.close()

@@ -39,6 +39,9 @@ import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # a 0.1 M-parameter folder loads in a millisecond: no bar per worker in the log
 
 MODEL_TYPE = "tiny_vla"
 WORDS = ("move", "go", "to", "the", "a", "red", "blue", "green", "yellow", "block", "cube", "ball", "pick", "up",
