@@ -97,7 +97,7 @@ assert pipelined[0]["rewards"].abs().sum() > 0  # a real rollout: the policy mov
 # %% [markdown]
 # ## Run it (2): how much time do two stages save?
 #
-# The MLP env and policy above take ~0.1 ms a step: far too little to see overlap (the messages cost more). To
+# The MLP env and policy above take ~0.1 ms a step: too little to see overlap (a message costs about as much). To
 # measure the pipeline itself we use `benchmarks/bench_workers.py`'s `SimEnvWorker` and `SimRolloutWorker`, the
 # workers `python -m benchmarks` measures: they speak exactly `stages/rollout.py`'s protocol (prime every stage;
 # then per step and stage get → work → put) through the real `Cluster`, `WorkerGroup` and `Channel`, but their
@@ -162,7 +162,7 @@ print("\n".join(str(p) for p in pictures.values()))
 # little fill and drain. The ideal speedup is therefore **(E + P) / max(E, P)** — 2 when E = P, i.e. half the
 # time; 1 (nothing to gain) when one side dominates. A finite rollout also has to fill the pipeline (the first
 # stage's inference, before the env has anything to step) and drain it (the last stage's step), and each message
-# costs a few hundred µs (a hop through the channel server), so **two stages cut the step time by about a third to
+# costs tens of µs more (pickling, a few system calls), so **two stages cut the step time by about a third to
 # a half**: over these 8 steps, S=2 / S=1 ≈ 0.55 on a 2-core CPU (about (8·30 + 30) / (8·60) = 0.56 with the fill
 # and drain; the assert allows up to 0.8, for a machine busy with other work). Longer rollouts get closer to 0.5.
 #
