@@ -166,7 +166,7 @@ def _merge(base: dict, new: dict) -> dict:
     return out
 
 
-AT_ONCE = 2  # runs going at the same time: more only makes each slower (they are CPU-bound while starting)
+AT_ONCE = 4  # runs going at the same time: several cases spend seconds waiting (a timeout, a grace period)
 
 
 @pytest.fixture(scope="module")

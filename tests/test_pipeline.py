@@ -152,8 +152,9 @@ def test_after_sync_rollout_weights_equal_actor_weights_bitwise(tmp_path):
             assert torch.equal(trained[k], rollout_weights[k]), k
 
 
+@pytest.mark.slow  # the default suite's learning check is tutorial 06 (eval success rises within 10 steps)
 def test_default_config_learns_quickly(tmp_path):
-    """A short version of the default run: eval success goes from chance to most episodes in 15 steps."""
+    """A short version of the MLP run: eval success goes from chance to most episodes in 15 steps."""
     path = write_config(tmp_path, runner={"max_epochs": 15, "val_check_interval": 15, "save_interval": -1,
                                           "progress_bar": False, "logger": {"logger_backends": []}})
     cfg = load_config(["--config", str(path)])
