@@ -21,6 +21,7 @@ import typing
 import uuid
 from pathlib import Path
 
+import gymnasium
 import pytest
 from conftest import ROOT, write_config
 
@@ -185,8 +186,10 @@ def test_shipped_config_round_trips_and_is_valid(tmp_path, config):
     assert config_from_yaml(tmp_path / "out.yaml") == cfg
     assert load_config(["--config", str(config)]) == cfg  # tyro's pass changes nothing
     validate_config(cfg, str(config))
-    needs = {"maniskill": "mani_skill", "gymnasium": "mujoco" if "Reacher" in cfg.env.train.init_params.id else None}
-    module = needs.get(cfg.env.train.env_type)
+    module = {"maniskill": "mani_skill"}.get(cfg.env.train.env_type)
+    if cfg.env.train.env_type == "gymnasium":  # an id registered from gymnasium.envs.mujoco needs the .[mujoco] extra
+        if ".mujoco." in str(gymnasium.spec(cfg.env.train.init_params.id).entry_point):
+            module = "mujoco"
     if module and importlib.util.find_spec(module) is None:
         pytest.skip(f"{config.name}: {module} is not installed")
     if cfg.actor.model.model_type == "tiny_vla":  # RunPlan creates the model folder: here, not in the checkout
