@@ -166,7 +166,7 @@ def _merge(base: dict, new: dict) -> dict:
     return out
 
 
-AT_ONCE = 4  # runs going at the same time: several cases spend seconds waiting (a timeout, a grace period)
+AT_ONCE = 2  # runs going at the same time: more only makes each slower (they are CPU-bound while starting)
 
 
 @pytest.fixture(scope="module")
@@ -200,10 +200,7 @@ def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
 
 
-def assert_clean_end(run: Run, max_seconds: float = 60.0) -> None:
-    # Alone on 2 quiet cores a run ends in well under 30 s (most of it four processes importing torch); the bound is
-    # the fixture's hang guard, so that a loaded CI box does not fail it. What must be fast is the driver's reaction
-    # to the fault, asserted by each test (< 10 s).
+def assert_clean_end(run: Run, max_seconds: float = 30.0) -> None:
     assert run.seconds <= max_seconds, f"the run took {run.seconds:.1f} s"
     assert run.spawned, "no worker was ever seen: the case did not run"
     assert run.leftover == set(), f"processes outlived the run: {run.leftover}"
