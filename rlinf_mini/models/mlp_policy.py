@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+
+from rlinf_mini.models.hf_folder import write_folder_atomically
 
 MODEL_TYPE = "mlp_policy"
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -152,22 +151,13 @@ class MLPPolicy(nn.Module):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write the folder `path` atomically: a crash leaves the old folder or the new one, never half of one."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+
+        def write(tmp: Path) -> None:
             (tmp / "config.json").write_text(json.dumps({**self.config, "model_type": MODEL_TYPE}, indent=2))
             tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
             save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            if path.exists():  # rename cannot replace a non-empty folder: move the old one aside first
-                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-                os.replace(path, old / path.name)
-                os.replace(tmp, path)
-                shutil.rmtree(old)
-            else:
-                os.replace(tmp, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        write_folder_atomically(path, write)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> MLPPolicy:

@@ -30,9 +30,6 @@ would sit behind the same three calls (`prepare_inputs`, `predict_action_batch`,
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -40,6 +37,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
+
+from rlinf_mini.models.hf_folder import write_folder_atomically
 
 hf_logging.disable_progress_bar()  # a 0.1 M-parameter folder loads in a millisecond: no bar per worker in the log
 
@@ -231,21 +230,12 @@ class TinyVLAPolicy(nn.Module):
 
     def save_pretrained(self, path: str | Path) -> None:
         """config.json + model.safetensors + the tokenizer, written to a temporary folder that is renamed last."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+
+        def write(tmp: Path) -> None:
             self.vla.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
-            if path.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-                os.replace(path, old / path.name)
-                os.replace(tmp, path)
-                shutil.rmtree(old)
-            else:
-                os.replace(tmp, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        write_folder_atomically(path, write)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, temperature: float = 1.0) -> TinyVLAPolicy:
