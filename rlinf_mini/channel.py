@@ -116,9 +116,14 @@ _attached: dict[str, SharedSegment] = {}  # receive side: segments opened once p
 def _reduce_tensor(obj: torch.Tensor) -> tuple:
     """How the channel pickles a tensor: raw bytes inline when small, through a pooled shared segment when large.
 
-    (torch's own pickling of a small tensor costs ~150 us; its bytes cost ~5 us.) A reducer in the pickler's
-    dispatch_table, not a persistent_id hook: that hook is a Python call for every object of every message.
+    (torch's own pickling of a small tensor costs ~150 us; its bytes through numpy cost ~3 us, a fifth of the env's
+    and the rollout's per-message overhead with the MLP.) A reducer in the pickler's dispatch_table, not a
+    persistent_id hook: that hook is a Python call for every object of every message.
     """
+    if obj.is_cpu and obj.dtype in _NUMPY_DTYPES:  # the common case: no device copy, numpy does the byte work
+        arr = (obj.detach() if obj.requires_grad else obj).numpy()  # a view; .tobytes() writes C order
+        if arr.nbytes < SHM_MIN_BYTES:
+            return _rebuild_array, (arr.tobytes(), obj.dtype, arr.shape)
     t = obj.detach()
     if t.device.type != "cpu":
         t = t.cpu()  # CUDA tensors go through host memory here; CUDA IPC is a later step
@@ -132,6 +137,11 @@ def _reduce_tensor(obj: torch.Tensor) -> tuple:
     else:
         _shm_tensor(seg, t.dtype, tuple(t.shape)).copy_(t)
     return _rebuild_shm, (seg.name, seg.size, t.dtype, tuple(t.shape))
+
+
+def _rebuild_array(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    # bytearray: a writable copy, so the tensor is an ordinary writable one (frombuffer over bytes is read-only)
+    return torch.from_numpy(numpy.frombuffer(bytearray(raw), dtype=_NUMPY_DTYPES[dtype]).reshape(shape))
 
 
 def _rebuild_bytes(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

@@ -79,7 +79,7 @@ class Cluster:
             return [self._cores[device % n]]
         return self._cores[device * n // d : (device + 1) * n // d]
 
-    def allocate(self, group, placement, cmd_queue, result_queue) -> Any:
+    def allocate(self, group, placement, cmd_pipe, result_pipe) -> Any:
         """Start the process of one rank of `group` on `placement.devices`."""
         if not self.groups or self.groups[-1] is not group:
             self.groups.append(group)
@@ -105,7 +105,7 @@ class Cluster:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
         proc = self.mp_context.Process(
             target=worker_main,
-            args=(group.cls.__module__, group.cls.__qualname__, group.cfg, group.args, cores, cmd_queue, result_queue),
+            args=(group.cls.__module__, group.cls.__qualname__, group.cfg, group.args, cores, cmd_pipe, result_pipe),
             name=f"{group.name}:{placement.rank}",
             daemon=True,
         )

@@ -5,9 +5,12 @@
     actor.execute_on(0).save_checkpoint(path).wait()   # only rank 0
 
 Each rank is one process (torch.multiprocessing, spawn), started by `Cluster.allocate` with its device pinned before
-torch is imported. The driver talks to a rank through two queues created at spawn: commands in (small pickled tuples:
-call id, method name, arguments) and results out. Data between workers does not go through here: it goes through a
-`Channel` passed as an argument. A call returns a `GroupFuture` at once, so calls on different groups run at the same
+torch is imported. The driver talks to a rank through two pipes created at spawn: commands in (pickled tuples: call
+id, method name, arguments) and results out. Each message is one write on the pipe, with no thread in between (a
+multiprocessing.Queue hands every message to a feeder thread on each side: on 4 ranks that made a no-op call 664 us);
+a message over INLINE_MAX goes through a shared-memory file instead, so a pipe's buffer always holds many messages
+and neither side blocks on a busy peer. Data between workers does not go through here: it goes through a `Channel`
+passed as an argument. A call returns a `GroupFuture` at once, so calls on different groups run at the same
 time (`env.interact(...)` and `rollout.generate(...)` together make the rollout pipeline). `.wait()` raises
 `WorkerError` with the group, rank and the worker's traceback if one rank raised, and `WorkerDiedError` if any
 worker of the cluster died, so a crash anywhere ends every wait within a poll interval.
@@ -19,14 +22,18 @@ backend (in-process for debugging, Ray for multi-node) would implement `launch`,
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import pickle
-import queue
+import select
 import signal
 import sys
+import threading
 import time
 import traceback
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from rlinf_mini import faults, tracer
@@ -36,6 +43,55 @@ POLL_S = 0.1  # how often a waiting driver checks that every worker is alive
 # which names the key and the producer it waited for) reaches the driver before the driver's vaguer one.
 WAIT_MARGIN_S = 5.0
 START_MIN_S = 60.0  # a worker's start (spawn, import torch, constructor) may take this long even with a short timeout
+INLINE_MAX = 4000  # larger command or result pickles go through a shared-memory file; the pipe carries its name
+# (a message of at most PIPE_BUF = 4096 bytes is written atomically)
+_PIPE_BYTES = 1 << 20  # pipe buffers are raised to this (Linux's default pipe-max-size) where allowed
+
+
+def _send(conn: Connection, payload: bytes) -> None:
+    """One message on a pipe: b"P" + the pickle, or b"F" + the name of a shared-memory file holding it."""
+    if len(payload) <= INLINE_MAX:
+        conn.send_bytes(b"P" + payload)
+        return
+    from rlinf_mini import shm  # here, not at the top: it imports torch, which a worker imports after pinning
+
+    seg = shm.SharedSegment.create(len(payload), tag="call")
+    seg._mmap[:] = payload  # one copy; the receiver removes the file once it has read it
+    seg.owner = False  # closing our mapping must not remove the file before the receiver has it
+    seg.close()
+    conn.send_bytes(b"F" + pickle.dumps((seg.name, len(payload))))
+
+
+def _decode(msg: bytes) -> Any:
+    """The object `_send` sent, from the bytes read off the pipe."""
+    if msg[:1] == b"P":
+        return pickle.loads(msg[1:])
+    from rlinf_mini import shm
+
+    name, size = pickle.loads(msg[1:])
+    seg = shm.SharedSegment.attach(name, size)
+    payload = seg._mmap[:]  # a bytes copy, so the mapping can close at once
+    seg.close()
+    shm.unlink(name)
+    return pickle.loads(payload)
+
+
+def _writable(conn: Connection) -> bool:
+    """Whether a message of up to PIPE_BUF bytes can be written without blocking (or the reader is gone, so the
+    write fails at once)."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLOUT)
+    return bool(poller.poll(0))
+
+
+def _pipe(ctx) -> tuple[Connection, Connection]:
+    """(reader, writer) of a new pipe, its buffer raised so that hundreds of small messages fit in it."""
+    r, w = ctx.Pipe(duplex=False)
+    try:
+        fcntl.fcntl(w.fileno(), 1031, _PIPE_BYTES)  # F_SETPIPE_SZ (Linux)
+    except OSError:
+        pass  # the default 64 KiB still holds 16 messages of INLINE_MAX
+    return r, w
 
 
 class WorkerError(RuntimeError):
@@ -123,7 +179,10 @@ class WorkerGroup:
         self.cls, self.cfg, self.args = cls, cfg, args
         self.name = cls.__name__
         self.procs: list = []
-        self._cmd_queues: list = []
+        self._cmd_pipes: list[Connection] = []  # driver's writing end, one per rank
+        self._result_pipes: list[Connection] = []  # driver's reading end, one per rank
+        self._open_results: list[Connection] = []  # those not at EOF (a dead worker's pipe is dropped)
+        self._read_lock = threading.Lock()  # driver threads (channel gets watching the workers) drain together
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._call_ids = itertools.count(1)
         self._methods: dict[int, str] = {}  # call id -> method name, while the call is pending
@@ -140,12 +199,16 @@ class WorkerGroup:
         self.world_size = placement_strategy.world_size
         self._launched_at = time.monotonic()
         ctx = cluster.mp_context
-        self._result_queue = ctx.Queue()
         for p in placement_strategy.placements:
-            cmd_queue = ctx.Queue()
-            proc = cluster.allocate(self, p, cmd_queue, self._result_queue)
-            self._cmd_queues.append(cmd_queue)
+            cmd_r, cmd_w = _pipe(ctx)
+            res_r, res_w = _pipe(ctx)
+            proc = cluster.allocate(self, p, cmd_r, res_w)
+            cmd_r.close()  # the child has its own copies now: a dead child's pipe then reads EOF
+            res_w.close()
+            self._cmd_pipes.append(cmd_w)
+            self._result_pipes.append(res_r)
             self.procs.append(proc)
+        self._open_results = list(self._result_pipes)
         return self
 
     # Dynamic forwarding, in this one place: `group.run_training(...)` submits `run_training` to every rank.
@@ -164,29 +227,49 @@ class WorkerGroup:
             raise RuntimeError(f"{self.name} is shut down; cannot call {method}()")
         call_id = next(self._call_ids)
         self._methods[call_id] = method
+        payload = bytes(ForkingPickler.dumps((call_id, method, args, kwargs)))  # once for all ranks
         for r in ranks:
-            self._cmd_queues[r].put((call_id, method, args, kwargs))
+            conn = self._cmd_pipes[r]
+            # A full command pipe means the worker is busy and, maybe, blocked writing results nobody reads: read
+            # them while waiting, or driver and worker would each wait for the other.
+            deadline = time.monotonic() + self.cluster.timeout_s + WAIT_MARGIN_S
+            while not _writable(conn):
+                self._drain(block_s=POLL_S)
+                self.cluster.check_workers()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name} rank {r} took no command for {method}() within "
+                                       f"{self.cluster.timeout_s + WAIT_MARGIN_S:g} s (its command pipe stayed full)")
+            try:
+                _send(conn, payload)
+            except OSError:  # the worker is gone: the wait reports its death, with its exit code
+                pass
         return GroupFuture(self, call_id, method, ranks)
 
     def _drain(self, block_s: float = 0.0) -> None:
-        """Move every result that has arrived into `_results`; a failed worker construction raises at once."""
-        try:
-            item = self._result_queue.get(timeout=block_s) if block_s else self._result_queue.get_nowait()
-            while True:
-                call_id, rank, ok, value = pickle.loads(item)
-                if call_id == 0 and not ok:  # the worker's constructor raised; the process is exiting
-                    raise WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
-                if call_id == 0:  # the worker is up: its process started, imported torch and ran its constructor
-                    self._ready.add(rank)
-                    if len(self._ready) == self.world_size:
-                        self._all_ready_at = time.monotonic()
-                    item = self._result_queue.get_nowait()
-                    continue
-                if call_id not in self._abandoned:
-                    self._results.setdefault(call_id, {})[rank] = (ok, value)
-                item = self._result_queue.get_nowait()
-        except queue.Empty:
-            pass
+        """Move every result that has arrived into `_results`, waiting up to `block_s` for the first one; a failed
+        worker construction raises at once."""
+        if block_s and self._open_results:
+            try:
+                wait(self._open_results, block_s)  # outside the lock; the reads below only take what poll() shows
+            except (OSError, ValueError):  # closed by a shutdown in another thread
+                return
+        with self._read_lock:
+            for conn in list(self._open_results):
+                while conn.poll():
+                    try:
+                        raw = conn.recv_bytes()
+                    except (EOFError, OSError):  # the worker exited; Cluster.check_workers reports its exit code
+                        self._open_results.remove(conn)
+                        break
+                    call_id, rank, ok, value = _decode(raw)
+                    if call_id == 0 and not ok:  # the worker's constructor raised; the process is exiting
+                        raise WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
+                    if call_id == 0:  # the worker is up: it started, imported torch and ran its constructor
+                        self._ready.add(rank)
+                        if len(self._ready) == self.world_size:
+                            self._all_ready_at = time.monotonic()
+                    elif call_id not in self._abandoned:
+                        self._results.setdefault(call_id, {})[rank] = (ok, value)
 
     def _raise_failed_call(self) -> None:
         """Raise the failure of any pending call, waited on or not: while the driver waits for the actor, an env
@@ -194,9 +277,9 @@ class WorkerGroup:
         for call_id, got in list(self._results.items()):
             for rank, (ok, value) in sorted(got.items()):
                 if not ok:
+                    method = self._methods.get(call_id, "?")  # before _abandon forgets it
                     self._abandon(call_id)
-                    raise WorkerError(f"{self.name} rank {rank} raised in {self._methods.get(call_id, '?')}():\n"
-                                      f"{value}")
+                    raise WorkerError(f"{self.name} rank {rank} raised in {method}():\n{value}")
 
     def _abandon(self, call_id: int) -> None:
         self._abandoned.add(call_id)
@@ -244,10 +327,10 @@ class WorkerGroup:
         if self._closed:
             return
         self._closed = True
-        for q in self._cmd_queues:
+        for conn in self._cmd_pipes:
             try:
-                q.put(None)
-            except (ValueError, OSError):
+                conn.send_bytes(b"")  # the stop message
+            except OSError:
                 pass
 
     def finish_stop(self, deadline: float) -> None:
@@ -264,9 +347,10 @@ class WorkerGroup:
             if proc.is_alive():
                 proc.kill()
                 proc.join(2.0)
-        for q in [*self._cmd_queues, self._result_queue]:
-            q.cancel_join_thread()  # never block the driver on a queue whose reader is gone
-            q.close()
+        with self._read_lock:
+            self._open_results = []
+            for conn in [*self._cmd_pipes, *self._result_pipes]:
+                conn.close()
 
 
 class _RankSelection:
@@ -293,7 +377,7 @@ def _die_with_parent() -> None:
 
 
 def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: list[int] | None,
-                cmd_queue, result_queue) -> None:
+                cmd_pipe: Connection, result_pipe: Connection) -> None:
     """Entry point of a worker process. The environment (CUDA_VISIBLE_DEVICES, RANK, ...) was set at spawn."""
     torch_before_pinning = "torch" in sys.modules  # must stay False: tests check that pinning came first
     _die_with_parent()
@@ -306,7 +390,7 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         import importlib
 
         import torch
-        import torch.multiprocessing  # noqa: F401  (registers tensor sharing for the result queue)
+        import torch.multiprocessing  # noqa: F401  (registers tensor sharing for the results' ForkingPickler)
 
         if cores:
             torch.set_num_threads(len(cores))
@@ -320,28 +404,26 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         if fault is not None:
             faults.before_call(fault, "__init__")
         worker.__init__(cfg, *args)
-        result_queue.put(pickle.dumps((0, rank, True, None)))  # up and ready for calls
+        _send(result_pipe, pickle.dumps((0, rank, True, None)))  # up and ready for calls
     except BaseException:
-        result_queue.put(pickle.dumps((0, rank, False, traceback.format_exc())))
-        result_queue.close()
-        result_queue.join_thread()
+        _send(result_pipe, pickle.dumps((0, rank, False, traceback.format_exc())))
         sys.exit(1)
-
-    from multiprocessing.reduction import ForkingPickler
 
     from rlinf_mini.channel import close_process_resources
 
     try:
         while True:
-            try:
-                msg = cmd_queue.get(timeout=1.0)
-            except queue.Empty:
+            if not cmd_pipe.poll(1.0):
                 if os.getppid() != parent:
                     break
                 continue
-            if msg is None:
+            try:
+                raw = cmd_pipe.recv_bytes()
+            except EOFError:  # the driver is gone
                 break
-            call_id, method, margs, mkwargs = msg
+            if not raw:  # the stop message
+                break
+            call_id, method, margs, mkwargs = _decode(raw)
             try:
                 if fault is not None:
                     faults.before_call(fault, method)
@@ -352,16 +434,15 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
             if fault is not None:
                 faults.disarm()
             try:
-                # Pickled here, not in the queue's feeder thread, where a failure would be printed and dropped.
+                # Pickled apart from the send, so that an unpicklable result becomes the call's error.
                 payload = bytes(ForkingPickler.dumps((call_id, rank, *result)))
             except Exception:
                 why = f"the result of {method}() cannot be pickled:\n{traceback.format_exc()}"
                 payload = bytes(ForkingPickler.dumps((call_id, rank, False, why)))
-            result_queue.put(payload)
+            _send(result_pipe, payload)
     finally:
         try:
             worker.close()
         finally:
             close_process_resources()
-        result_queue.close()
-        result_queue.join_thread()
+        result_pipe.close()

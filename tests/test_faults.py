@@ -270,12 +270,13 @@ def test_nan_loss_with_skip_nonfinite_skips_the_step_and_carries_on(runs):
     assert_clean_end(run)
 
 
-@pytest.mark.parametrize("name, method", [("broken_env_step", "chunk_step"), ("broken_env_reset", "reset")])
-def test_broken_env_is_reported_with_its_rank_and_pipeline_stage(runs, name, method):
+@pytest.mark.parametrize("name, method, call", [("broken_env_step", "chunk_step", "interact"),
+                                                ("broken_env_reset", "reset", "init_worker")])  # the first reset
+def test_broken_env_is_reported_with_its_rank_and_pipeline_stage(runs, name, method, call):
     run = runs[name]
     assert run.returncode == 1
     (line,) = error_lines(run.stderr)
-    assert line.startswith("error: EnvGroup rank 0 raised in"), line
+    assert line == f"error: EnvGroup rank 0 raised in {call}():", line
     assert re.search(rf"EnvFailure: EnvGroup rank 0 env\.train pipeline stage 0 \(sub-envs 0-7\): env {method}\(\) "
                      r"raised RuntimeError: .*\(planned\)", run.stderr), run.stderr
     assert_clean_end(run)

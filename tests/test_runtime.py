@@ -14,7 +14,7 @@ from rlinf_mini.channel import Channel, ChannelTimeout, dumps, loads
 from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import ClusterConfig
 from rlinf_mini.shm import PREFIX, SHM_DIR
-from rlinf_mini.worker import WorkerDiedError, WorkerError
+from rlinf_mini.worker import INLINE_MAX, WorkerDiedError, WorkerError
 from stages.placement import ComponentPlacement
 
 
@@ -77,6 +77,27 @@ def test_unpicklable_result_is_an_error_not_a_hang(echo):
 
 def test_results_carry_tensors(echo):
     assert torch.equal(echo.execute_on(0).add(torch.ones(3)).wait()[0], torch.ones(3))
+
+
+def test_large_arguments_and_results_travel_whole_through_shared_memory_files(cluster, echo):
+    # Over INLINE_MAX a command or a result goes through a shared-memory file instead of the pipe, and its reader
+    # removes the file: none is left once the call returned.
+    big = "".join(chr(65 + i % 26) for i in range(3 * INLINE_MAX))
+    small = "s"
+    assert echo.mirror(big).wait() == [(0, big[::-1]), (1, big[::-1])]
+    assert echo.mirror(small).wait() == [(0, "s"), (1, "s")]  # both kinds, one after the other, in order
+    assert echo.execute_on(1).mirror(big * 40).wait() == [(1, (big * 40)[::-1])]
+    assert not list(SHM_DIR.glob(f"{PREFIX}{cluster.run_id}_call_*"))
+
+
+def test_many_calls_in_flight_return_in_order_without_deadlock(echo):
+    # 600 calls submitted before any wait, ~2 MB of commands and of results each way, more than a pipe holds: the
+    # worker blocks writing results that nobody reads yet, its command pipe fills, and the driver's submit must read
+    # results while it waits for room, or each would wait for the other forever.
+    texts = ["y" * (3000 + i * 37 % (INLINE_MAX - 3000)) if i % 50 else "z" * 3 * INLINE_MAX for i in range(600)]
+    futures = [echo.mirror(text) for text in texts]
+    for text, fut in zip(texts, futures, strict=True):
+        assert fut.wait(timeout=30) == [(0, text[::-1]), (1, text[::-1])]
 
 
 def test_wait_timeout_names_the_call_and_the_ranks(echo):

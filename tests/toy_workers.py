@@ -26,6 +26,9 @@ class EchoWorker(Worker):
     def add(self, a, b=0):
         return a + b + self._rank
 
+    def mirror(self, text: str) -> tuple[int, str]:
+        return self._rank, text[::-1]
+
     def fail(self, rank: int):
         if self._rank == rank:
             raise ValueError(f"planned failure on rank {rank}")
