@@ -303,7 +303,10 @@ class WorkerGroup:
                 del self._results[fut.call_id]
                 self._methods.pop(fut.call_id, None)
                 return [got[r][1] for r in fut.ranks]
-            self.cluster.check_workers()
+            arrived = len(got)
+            self.cluster.check_workers()  # it drains every group, this one too: look again before blocking below
+            if len(self._results.get(fut.call_id, {})) != arrived:
+                continue
             now = time.monotonic()
             starting = [r for r in range(self.world_size) if r not in self._ready]
             if starting and now > self._launched_at + max(timeout, START_MIN_S):

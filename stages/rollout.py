@@ -104,6 +104,11 @@ class EnvWorker(Worker):
                     out = env_channel.get(key=keys[k], expected_from=expected)
                 with span("env_step", stage=k):
                     next_obs, rewards, terminations, truncations, ep = env.chunk_step(out["actions"])
+                # The last observation is only needed for the bootstrap value. Sent before the bookkeeping below, so
+                # that the rollout infers while the env records (the channel copied the tensors: no aliasing).
+                if t + 1 < n_steps or record:
+                    rollout_channel.put({"obs": next_obs, "env_ids": env.env_ids,
+                                         "sample_step": sample_base + t + 1}, key=keys[k])
                 if record:
                     tr = trajs[k]
                     tr["obs"].append(out.get("forward_inputs", obs[k]))  # what the actor's model reads
@@ -118,9 +123,6 @@ class EnvWorker(Worker):
                 if video is not None and k == 0:
                     video.add(env, next_obs, rewards, terminations)
                 obs[k] = next_obs
-                if t + 1 < n_steps or record:  # the last observation is only needed for the bootstrap value
-                    rollout_channel.put({"obs": next_obs, "env_ids": env.env_ids,
-                                         "sample_step": sample_base + t + 1}, key=keys[k])
         if record:
             for k in range(self.stage_num):
                 out = env_channel.get(key=keys[k], expected_from=expected)

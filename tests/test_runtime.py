@@ -14,7 +14,7 @@ from rlinf_mini.channel import Channel, ChannelTimeout, dumps, loads
 from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import ClusterConfig
 from rlinf_mini.shm import PREFIX, SHM_DIR
-from rlinf_mini.worker import INLINE_MAX, WorkerDiedError, WorkerError
+from rlinf_mini.worker import INLINE_MAX, POLL_S, WorkerDiedError, WorkerError
 from stages.placement import ComponentPlacement
 
 
@@ -98,6 +98,23 @@ def test_many_calls_in_flight_return_in_order_without_deadlock(echo):
     futures = [echo.mirror(text) for text in texts]
     for text, fut in zip(texts, futures, strict=True):
         assert fut.wait(timeout=30) == [(0, text[::-1]), (1, text[::-1])]
+
+
+def test_a_result_taken_while_checking_the_workers_ends_the_wait_at_once(cluster, echo, monkeypatch):
+    # The waiting driver drains every group while it checks the workers. A result taken in there must end the wait
+    # at once; it once went unnoticed until the next wake-up, POLL_S later. A slow check makes every result land in it.
+    echo.info().wait()  # the group is up (its start takes seconds)
+    check = cluster.check_workers
+
+    def slow_check() -> None:
+        time.sleep(0.05)  # the 0.01 s call returns meanwhile
+        check()
+
+    monkeypatch.setattr(cluster, "check_workers", slow_check)
+    start = time.monotonic()
+    for _ in range(10):
+        assert echo.sleep(0.01).wait() == [0.01, 0.01]
+    assert time.monotonic() - start < 10 * (0.05 + POLL_S / 2)  # a lost wake-up costs POLL_S each time
 
 
 def test_wait_timeout_names_the_call_and_the_ranks(echo):

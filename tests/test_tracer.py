@@ -169,3 +169,19 @@ def test_benchmarks_tiny_mode_writes_every_row(tmp_path):
             assert r["met"] in (True, False)
     assert (tmp_path / "pipeline_stage2_timeline.png").is_file()
     assert main(["--only", "nonsense", "--out", str(out)]) == 2
+
+
+def test_benchmarks_tiny_mode_group_calls_and_the_runner_against_both_plain_loops(tmp_path):
+    from benchmarks.__main__ import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--tiny", "--only", "group_call,runner", "--out", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    calls = [rows[f"group call round trip, no-op on {n}"] for n in ("1 rank", "4 ranks")]
+    assert all(0 < r["ours"] < 1e6 for r in calls)  # microseconds, finite
+    same, one = rows["end to end (embodied_mlp): runner rollout env steps/s"], \
+        rows["end to end (embodied_mlp): vs a loop over one batch"]
+    assert same["ours"] == one["ours"] > 0  # one runner figure, two baselines
+    assert "same calls (2 x 16 envs)" in same["baseline_name"] and "1 x 32 envs" in one["baseline_name"]
+    assert same["ratio"] == pytest.approx(same["ours"] / same["baseline"])
+    assert rows["tracing overhead (embodied_mlp): step time, trace on / off"]["ratio"] > 0
