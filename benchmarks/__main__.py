@@ -25,13 +25,13 @@ from pathlib import Path
 
 GROUPS = ("channel", "weights", "group_call", "pipeline", "runner", "cartpole")
 
-SIZES = {  # per mode: message counts, parameter counts, steps
+SIZES = {  # per mode: message counts, parameter counts, steps (runner: MLP and VLA steps with the tracer on, and off)
     "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [(10_000_000, 5), (100_000_000, 3)], "calls": 300,
-             "pipeline": (0.020, 40, (1, 2, 4), ("collocated", "disaggregated")), "runner": 10},
+             "pipeline": (0.020, 40, (1, 2, 4), ("collocated", "disaggregated")), "runner": (60, 10)},
     "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [(10_000_000, 3), (100_000_000, 2)], "calls": 200,
-              "pipeline": (0.020, 20, (1, 2, 4), ("collocated", "disaggregated")), "runner": 5},
+              "pipeline": (0.020, 20, (1, 2, 4), ("collocated", "disaggregated")), "runner": (20, 5)},
     "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [(1_000_000, 1)], "calls": 5,
-             "pipeline": (0.002, 3, (1, 2), ("disaggregated",)), "runner": 2},
+             "pipeline": (0.002, 3, (1, 2), ("disaggregated",)), "runner": (2, 2)},
 }
 
 
@@ -57,9 +57,10 @@ def run(mode: str, groups: list[str], out_dir: Path) -> list:
             elif group == "runner":
                 # the MLP run: tiny work per message, so the runtime's per-message cost shows; the default VLA run:
                 # the work this project ships, where inference dominates and the pipeline can hide the env
-                rows += m.runner_and_tracing(s["runner"], "configs/embodied_mlp.yaml")
+                # (MLP steps vary by ~10 % from step to step, in the actor's update: many steps make its on/off stable)
+                rows += m.runner_and_tracing(s["runner"][0], "configs/embodied_mlp.yaml")
                 if mode != "tiny":
-                    rows += m.runner_and_tracing(s["runner"], "configs/embodied.yaml")
+                    rows += m.runner_and_tracing(s["runner"][1], "configs/embodied.yaml")
             elif group == "cartpole":
                 if mode != "full":
                     print("cartpole: skipped in --quick / --tiny (run without --quick, or python -m "
