@@ -8,8 +8,9 @@ Each rank is one process (torch.multiprocessing, spawn), started by `Cluster.all
 torch is imported. The driver talks to a rank through two pipes created at spawn: commands in (pickled tuples: call
 id, method name, arguments) and results out. Each message is one write on the pipe, with no thread in between (a
 multiprocessing.Queue hands every message to a feeder thread on each side: on 4 ranks that made a no-op call 664 us);
-a message over INLINE_MAX goes through a shared-memory file instead, so a pipe's buffer always holds many messages
-and neither side blocks on a busy peer. Data between workers does not go through here: it goes through a `Channel`
+a message over INLINE_MAX goes through a shared-memory file instead, so every pipe write is small and atomic. A
+driver whose command pipe is full reads results while it waits for room, so driver and worker never wait for each
+other. Data between workers does not go through here: it goes through a `Channel`
 passed as an argument. A call returns a `GroupFuture` at once, so calls on different groups run at the same
 time (`env.interact(...)` and `rollout.generate(...)` together make the rollout pipeline). `.wait()` raises
 `WorkerError` with the group, rank and the worker's traceback if one rank raised, and `WorkerDiedError` if any
@@ -190,7 +191,7 @@ class WorkerGroup:
         self._ready: set[int] = set()  # ranks whose worker finished its constructor
         self._all_ready_at = 0.0  # when the last of them did (a call's clock starts no earlier)
         self._closed = False  # no more calls accepted
-        self._stopped = False  # processes joined and queues closed
+        self._stopped = False  # processes joined and pipes closed
 
     def launch(self, cluster, placement_strategy, name: str | None = None) -> WorkerGroup:
         """Start one process per placement rank; returns at once (failures surface at the first wait)."""
