@@ -17,12 +17,10 @@ ManiSkill env (`rlinf/envs/maniskill/maniskill_env.py::ManiskillEnv.chunk_step`)
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs import EnvSpec
+from rlinf_mini.envs import EnvSpec, TorchChunkEnv
 from rlinf_mini.seeding import counter_uniform
 
 STEP_SIZE = 0.2
@@ -33,7 +31,7 @@ _GOAL_CANDIDATES = 16
 """Goal candidates drawn per reset; the first one far enough from the start is used (branch-free rejection)."""
 
 
-class FakeReachEnv:
+class FakeReachEnv(TorchChunkEnv):
     def __init__(self, cfg: EnvSplitConfig, env_ids: torch.Tensor, num_action_chunks: int):
         self.cfg = cfg
         self.env_ids = env_ids.to(torch.int64).clone()  # [B] global sub-env ids
@@ -85,48 +83,20 @@ class FakeReachEnv:
 
     # ----------------------------------------------------------------------------------------------------------------
 
-    def chunk_step(self, actions: torch.Tensor):
-        """Execute C actions open loop. actions [B, C, A] -> (obs [B, 2*dim], rewards [B, C], terminations [B, C],
-        truncations [B, C], episode_stats). See rlinf_mini/envs/__init__.py for the masking and auto-reset rules."""
+    def _check_actions(self, actions: torch.Tensor) -> None:
         B, C = self.num_envs, self.num_action_chunks
         if tuple(actions.shape) != (B, C, self.dim):
             raise ValueError(f"FakeReachEnv.chunk_step: actions must be [B, C, A] = [{B}, {C}, {self.dim}], "
                              f"got {list(actions.shape)}")
-        rewards = torch.zeros(B, C)
-        terminations = torch.zeros(B, C, dtype=torch.bool)
-        truncations = torch.zeros(B, C, dtype=torch.bool)
-        ended_in_chunk = torch.zeros(B, dtype=torch.bool)  # later sub-steps of these rows are masked
-        stats: dict[str, list[torch.Tensor]] = {"return": [], "episode_len": [], "success_once": []}
-        for c in range(C):
-            if self.cfg.step_latency_s > 0:
-                time.sleep(self.cfg.step_latency_s)
-            live = ~self.finished  # [B]; always all True with auto_reset
-            a = actions[:, c].to(torch.float32).clamp(-1.0, 1.0)  # [B, A]
-            prev_dist = torch.linalg.vector_norm(self.goal - self.pos, dim=1)
-            self.pos = torch.where(live[:, None], (self.pos + STEP_SIZE * a).clamp(-1.0, 1.0), self.pos)
-            dist = torch.linalg.vector_norm(self.goal - self.pos, dim=1)
-            success = live & (dist < self.cfg.init_params.goal_radius)
-            reward = torch.where(live, prev_dist - dist + success.to(torch.float32), 0.0)
-            self.elapsed = self.elapsed + live.to(torch.int64)
-            self.episode_return = self.episode_return + reward
-            truncated = live & ~success & (self.elapsed >= self.cfg.max_episode_steps)
-            done = success | truncated
 
-            shown = ~ended_in_chunk
-            rewards[:, c] = torch.where(shown, reward, 0.0)
-            terminations[:, c] = success & shown
-            truncations[:, c] = truncated & shown
-            ended_in_chunk |= done
-            if done.any():
-                stats["return"].append(self.episode_return[done])
-                stats["episode_len"].append(self.elapsed[done].to(torch.float32))
-                stats["success_once"].append(success[done].to(torch.float32))
-                if self.cfg.auto_reset:
-                    self._reset_where(done)
-                else:
-                    self.finished = self.finished | done
-        episode_stats = {k: torch.cat(v) if v else torch.zeros(0) for k, v in stats.items()}
-        return self._obs(), rewards, terminations, truncations, episode_stats
+    def _substep(self, actions_c: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """actions_c [B, A] moves the live sub-envs; (reward [B], success [B]). The chunk loop is TorchChunkEnv's."""
+        a = actions_c.to(torch.float32).clamp(-1.0, 1.0)  # [B, A]
+        prev_dist = torch.linalg.vector_norm(self.goal - self.pos, dim=1)
+        self.pos = torch.where(live[:, None], (self.pos + STEP_SIZE * a).clamp(-1.0, 1.0), self.pos)
+        dist = torch.linalg.vector_norm(self.goal - self.pos, dim=1)
+        success = live & (dist < self.cfg.init_params.goal_radius)
+        return torch.where(live, prev_dist - dist + success.to(torch.float32), 0.0), success
 
     # ----------------------------------------------------------------------------------------------------------------
 

@@ -22,12 +22,10 @@ groups share reset states, and get_state/set_state resume bitwise.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs import EnvSpec
+from rlinf_mini.envs import EnvSpec, TorchChunkEnv
 from rlinf_mini.seeding import counter_uniform
 
 COLORS = ("red", "blue")
@@ -43,7 +41,7 @@ def pixel_reach_spec(cfg: EnvSplitConfig) -> EnvSpec:
     return EnvSpec(obs_dim=2, action_dim=2, discrete=False, image_shape=(3, side, side))
 
 
-class PixelReachEnv:
+class PixelReachEnv(TorchChunkEnv):
     def __init__(self, cfg: EnvSplitConfig, env_ids: torch.Tensor, num_action_chunks: int):
         self.cfg = cfg
         self.env_ids = env_ids.to(torch.int64).clone()  # [B] global sub-env ids
@@ -111,47 +109,21 @@ class PixelReachEnv:
         self._reset_where(torch.ones(self.num_envs, dtype=torch.bool))
         return self._obs()
 
-    def chunk_step(self, actions: torch.Tensor):
-        """Execute C actions open loop. actions [B, C, 2] -> (obs dict, rewards [B, C], terminations [B, C],
-        truncations [B, C], episode_stats); masking and auto-reset rules: rlinf_mini/envs/__init__.py."""
+    def _check_actions(self, actions: torch.Tensor) -> None:
         B, C = self.num_envs, self.num_action_chunks
         if tuple(actions.shape) != (B, C, 2):
             raise ValueError(f"PixelReachEnv.chunk_step: actions must be [B, C, 2] = [{B}, {C}, 2], "
                              f"got {list(actions.shape)}")
-        rewards = torch.zeros(B, C)
-        terminations = torch.zeros(B, C, dtype=torch.bool)
-        truncations = torch.zeros(B, C, dtype=torch.bool)
-        ended_in_chunk = torch.zeros(B, dtype=torch.bool)
-        stats: dict[str, list[torch.Tensor]] = {"return": [], "episode_len": [], "success_once": []}
-        for c in range(C):
-            if self.cfg.step_latency_s > 0:
-                time.sleep(self.cfg.step_latency_s)
-            live = ~self.finished
-            move = actions[:, c].to(torch.float32).clamp(-1.0, 1.0).round().to(torch.int64)  # [B, 2] in {-1, 0, 1}
-            prev_dist = self._distance()
-            self.agent = torch.where(live[:, None], (self.agent + move).clamp(0, self.grid - 1), self.agent)
-            dist = self._distance()
-            success = live & (dist == 0)
-            reward = torch.where(live, SHAPING * (prev_dist - dist).to(torch.float32) + success.to(torch.float32), 0.0)
-            self.elapsed = self.elapsed + live.to(torch.int64)
-            self.episode_return = self.episode_return + reward
-            truncated = live & ~success & (self.elapsed >= self.cfg.max_episode_steps)
-            done = success | truncated
-            shown = ~ended_in_chunk
-            rewards[:, c] = torch.where(shown, reward, 0.0)
-            terminations[:, c] = success & shown
-            truncations[:, c] = truncated & shown
-            ended_in_chunk |= done
-            if done.any():
-                stats["return"].append(self.episode_return[done])
-                stats["episode_len"].append(self.elapsed[done].to(torch.float32))
-                stats["success_once"].append(success[done].to(torch.float32))
-                if self.cfg.auto_reset:
-                    self._reset_where(done)
-                else:
-                    self.finished = self.finished | done
-        episode_stats = {k: torch.cat(v) if v else torch.zeros(0) for k, v in stats.items()}
-        return self._obs(), rewards, terminations, truncations, episode_stats
+
+    def _substep(self, actions_c: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """actions_c [B, 2] moves the live agents; (reward [B], success [B]). The chunk loop is TorchChunkEnv's."""
+        move = actions_c.to(torch.float32).clamp(-1.0, 1.0).round().to(torch.int64)  # [B, 2] in {-1, 0, 1}
+        prev_dist = self._distance()
+        self.agent = torch.where(live[:, None], (self.agent + move).clamp(0, self.grid - 1), self.agent)
+        dist = self._distance()
+        success = live & (dist == 0)
+        return torch.where(live, SHAPING * (prev_dist - dist).to(torch.float32) + success.to(torch.float32), 0.0), \
+            success
 
     # ----------------------------------------------------------------------------------------------------------------
 
