@@ -10,9 +10,9 @@ id, method name, arguments) and results out. Each message is one write on the pi
 multiprocessing.Queue hands every message to a feeder thread on each side: on 4 ranks that made a no-op call 664 us);
 a message over INLINE_MAX goes through a shared-memory file instead, so every pipe write is small and atomic. A
 driver whose command pipe is full reads results while it waits for room, so driver and worker never wait for each
-other. Data between workers does not go through here: it goes through a `Channel`
-passed as an argument. A call returns a `GroupFuture` at once, so calls on different groups run at the same
-time (`env.interact(...)` and `rollout.generate(...)` together make the rollout pipeline). `.wait()` raises
+other. Data between workers does not go through here: it goes through a `Channel` passed as an argument. A call
+returns a `GroupFuture` at once, so calls on different groups run at the same time (`env.interact(...)` and
+`rollout.generate(...)` together make the rollout pipeline). `.wait()` raises
 `WorkerError` with the group, rank and the worker's traceback if one rank raised, and `WorkerDiedError` if any
 worker of the cluster died, so a crash anywhere ends every wait within a poll interval.
 
