@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from rlinf_mini import tracer
-from rlinf_mini.channel import Channel
-from rlinf_mini.worker import Worker
+from rlinf_mini.scheduler import tracer
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.worker import Worker
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The host processes
@@ -31,7 +31,7 @@ def host_main(index: int, core: int | None, shared: dict, conn) -> None:
     while True:
         cmd = conn.recv()
         if cmd is None:
-            from rlinf_mini.channel import close_process_resources
+            from rlinf_mini.scheduler.channel import close_process_resources
 
             close_process_resources()
             return

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf_mini.channel import Channel, ChannelServer
+from rlinf_mini.scheduler.channel import Channel, ChannelServer
 
 BATCH = (64, 3, 64, 64)
 

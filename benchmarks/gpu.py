@@ -93,7 +93,7 @@ def main(out: Path, quick: bool = False) -> int:
         print("benchmarks --device cuda: no CUDA GPU visible; skipped (nothing measured)")
         return 0
     from benchmarks import measure as m
-    from benchmarks.__main__ import format_table
+    from benchmarks.table import format_table
 
     start = time.monotonic()
     rows = []

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from benchmarks import bench_workers as bw
-from rlinf_mini import shm, tracer
-from rlinf_mini.channel import Channel, ChannelServer
+from rlinf_mini.scheduler import shm, tracer
+from rlinf_mini.scheduler.channel import Channel, ChannelServer
 
 _ctx = multiprocessing.get_context("spawn")
 
@@ -102,7 +102,7 @@ class Hosts:
         return self.result(0), self.result(1)
 
     def close(self) -> None:
-        from rlinf_mini.channel import close_process_resources
+        from rlinf_mini.scheduler.channel import close_process_resources
 
         for conn in self.conns:
             conn.send(None)
@@ -212,8 +212,8 @@ def weight_sync(h: Hosts, numel: int, reps: int) -> list[Row]:
 
 
 def _cluster(num_devices: int = 2):
-    from rlinf_mini.cluster import Cluster
     from rlinf_mini.config import ClusterConfig
+    from rlinf_mini.scheduler.cluster import Cluster
 
     return Cluster(ClusterConfig(num_devices=num_devices, timeout_s=120.0))
 
@@ -315,8 +315,8 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
     from rlinf_mini.config import load_config
     from rlinf_mini.envs import get_env_spec, make_env
     from rlinf_mini.models import build_policy
-    from rlinf_mini.seeding import counter_uniform
     from rlinf_mini.train import RunPlan
+    from rlinf_mini.utils.seeding import counter_uniform
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench_loop_") as log_path:
@@ -345,8 +345,8 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
 def runner_and_tracing(steps: int, config: str = "configs/embodied_mlp.yaml") -> list[Row]:
     """`config` (no eval, no checkpoints) in one cluster: `steps` steps with the tracer on,
     interleaved with `steps` steps with it off (interleaving cancels the drift of a shared machine)."""
-    from rlinf_mini.cluster import Cluster
     from rlinf_mini.config import load_config
+    from rlinf_mini.scheduler.cluster import Cluster
     from rlinf_mini.train import RunPlan, launch
 
     on, off, gen, gen_on, span_counts = [], [], [], [], []

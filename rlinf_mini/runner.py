@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from rlinf_mini import tracer
-from rlinf_mini.channel import Channel
 from rlinf_mini.config import TrainConfig
-from rlinf_mini.learning_curve import plot_learning_curve
-from rlinf_mini.metric_logger import MetricLogger
-from rlinf_mini.worker import WorkerGroup
+from rlinf_mini.scheduler import tracer
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.worker import WorkerGroup
+from rlinf_mini.utils.learning_curve import plot_learning_curve
+from rlinf_mini.utils.metric_logger import MetricLogger
 
 
 def find_latest_checkpoint(run_dir: Path) -> Path | None:

@@ -21,8 +21,8 @@ import sys
 import threading
 from pathlib import Path
 
-from rlinf_mini import faults
 from rlinf_mini.config import ConfigError, TrainConfig, check_batch_arithmetic, config_source, load_config, save_config
+from rlinf_mini.scheduler import faults
 
 
 class RunPlan:
@@ -102,7 +102,7 @@ def _stop_on_signals(cluster) -> dict:
 
 def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
     """Start the workers, train, and stop everything (also on error, Ctrl-C or SIGTERM)."""
-    from rlinf_mini.cluster import Cluster
+    from rlinf_mini.scheduler.cluster import Cluster
 
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, plan.run_dir / "config.yaml")
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from rlinf_mini.envs import EnvError
-    from rlinf_mini.worker import WorkerDiedError, WorkerError
+    from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError
     from stages.placement import PlacementError
 
     source = config_source(argv)

@@ -8,7 +8,8 @@
 Input: the config's `cluster.component_placement` dict (component name(s) -> placement string) and the number of
 devices (`cluster.num_devices`: GPUs, or shares of the CPU cores without GPUs). Output: one `PlacementStrategy` per
 component, the device ids of each of its ranks, from which a worker group starts one process per rank; and the
-`PlacementMode` of the whole layout. Standard library only: the driver imports this before any process exists.
+`PlacementMode` of the whole layout (the data types live in `rlinf_mini/scheduler/placement.py`: the scheduler
+consumes them). No torch: the driver imports this before any process exists.
 
 Grammar (RLinf's, see the `ComponentPlacement` docstring there):
 
@@ -44,43 +45,16 @@ Next stage: `stages/sync.py`, which moves weights from actor ranks to rollout ra
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from rlinf_mini.scheduler.placement import PlacementMode, PlacementStrategy, ProcessPlacement
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # "3" or "0-3"; no sign, so "-1" is rejected
 
 
 class PlacementError(ValueError):
     """A bad placement: one line naming the key, 'cluster.component_placement.<key>: ...'."""
-
-
-class PlacementMode(enum.Enum):
-    COLLOCATED = "collocated"  # all components on the same devices; they take turns (offload/reload)
-    DISAGGREGATED = "disaggregated"  # each component on its own devices; they overlap through pipelining
-    HYBRID = "hybrid"  # some share, some do not (e.g. env | rollout pipelined, actor over both)
-
-
-@dataclass(frozen=True)
-class ProcessPlacement:
-    rank: int  # rank of the process within its component's worker group
-    devices: tuple[int, ...]  # device ids it runs on: one, or several when the process owns more than one
-
-
-@dataclass(frozen=True)
-class PlacementStrategy:
-    """RLinf's FlexiblePlacementStrategy: the devices of each rank of one component, in rank order."""
-
-    component: str
-    placements: tuple[ProcessPlacement, ...]
-
-    @property
-    def world_size(self) -> int:
-        return len(self.placements)
-
-    def devices(self) -> set[int]:
-        return {device for placement in self.placements for device in placement.devices}
 
 
 # --------------------------------------------------------------------------------------------------------------------

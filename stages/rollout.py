@@ -36,16 +36,16 @@ import time
 
 import torch
 
-from rlinf_mini.channel import Channel
 from rlinf_mini.config import EnvSplitConfig, TrainConfig
 from rlinf_mini.envs import EnvSpec, get_env_spec, make_env
 from rlinf_mini.envs.guard import GuardedEnv
 from rlinf_mini.envs.video import EvalVideoRecorder
 from rlinf_mini.models import build_policy
-from rlinf_mini.seeding import counter_uniform
-from rlinf_mini.tensor_tree import tree_cat, tree_map, tree_stack
-from rlinf_mini.tracer import span
-from rlinf_mini.worker import Worker
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.tracer import span
+from rlinf_mini.scheduler.worker import Worker
+from rlinf_mini.utils.seeding import counter_uniform
+from rlinf_mini.utils.tensor_tree import tree_cat, tree_map, tree_stack
 from stages.sync import WeightBufferHandle, WeightReceiver
 
 TRAJECTORY_KEYS = ("obs", "actions", "logprobs", "values", "rewards", "dones", "versions")

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlinf_mini.shm import SharedSegment
-from rlinf_mini.tracer import span
+from rlinf_mini.scheduler.shm import SharedSegment
+from rlinf_mini.scheduler.tracer import span
 
 _ALIGN = 64
 _HEADER = 64  # bytes 0..7: int64 version stamp; -1 = nothing written yet

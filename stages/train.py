@@ -7,8 +7,9 @@
 Batch arithmetic (checked before any worker starts, `config.check_batch_arithmetic`): the rollout batch has
 N = total_num_envs x rollout_epoch x T samples (one per chunk step); each actor rank holds N / W_actor of them. One
 optimizer step consumes `global_batch_size` samples over all ranks: global / W per rank, fed in micro-batches of
-`micro_batch_size`, whose gradients accumulate (loss / accumulation steps) before the step. With W > 1 the model is
-wrapped in DistributedDataParallel (gloo on CPU, nccl on GPU), which averages gradients on the last micro-batch.
+`micro_batch_size`, whose gradients accumulate (loss / accumulation steps) before the step. With W > 1 the ranks
+average their gradients before each step with one all-reduce of the flat gradient (`Worker.all_reduce`: gloo on CPU,
+NCCL on GPU, in-process threads on the inline backend) — what DistributedDataParallel does, without its wrapper.
 
 Losses (PPO, Schulman et al. 2017; dual clip, Ye et al. 2020, https://arxiv.org/abs/1912.09729):
     ratio = exp(logp - old_logp)
@@ -24,23 +25,20 @@ compute_advantages_and_returns, run_training, sync_model_to_rollout) and `rlinf/
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import math
 import os
 import time
 
 import torch
-import torch.distributed as dist
 
-from rlinf_mini import faults
-from rlinf_mini.channel import Channel
 from rlinf_mini.config import TrainConfig
 from rlinf_mini.envs import get_env_spec
 from rlinf_mini.models import build_policy
-from rlinf_mini.tensor_tree import tree_cat, tree_map
-from rlinf_mini.tracer import span
-from rlinf_mini.worker import Worker
+from rlinf_mini.scheduler import faults
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.tracer import span
+from rlinf_mini.scheduler.worker import Worker
+from rlinf_mini.utils.tensor_tree import tree_cat, tree_map
 from stages.advantages import calculate_adv_and_returns
 from stages.rollout import actor_pieces
 from stages.sync import WeightBufferHandle, WeightSender
@@ -98,18 +96,11 @@ class ActorWorker(Worker):
         """Join the data-parallel group, build the model (identical on every rank) and the optimizer."""
         self.world_sizes = world_sizes
         if self._world_size > 1:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, rank=self._rank, world_size=self._world_size,
-                                    timeout=datetime.timedelta(seconds=self.cfg.cluster.timeout_s))
+            self.init_collective(self.cfg.cluster.timeout_s)
         spec = get_env_spec(self.cfg.env.train)
         torch.manual_seed(self.cfg.actor.seed)  # same seed on every rank: identical initial weights
         self.policy = build_policy(self.cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
                                    self.cfg.rollout.sampling_params.temperature_train).to(self.device)
-        self.model = self.policy
-        if self._world_size > 1:
-            # with loss_type "actor" the value head gets no gradient; DDP must be told to expect that
-            unused = self.cfg.algorithm.loss_type != "actor_critic" and bool(self.policy.value_parameters())
-            self.model = torch.nn.parallel.DistributedDataParallel(self.policy, find_unused_parameters=unused)
         optim = self.cfg.actor.optim
         value_ids = {id(p) for p in self.policy.value_parameters()}
         groups = [{"params": [p for p in self.policy.parameters() if id(p) not in value_ids], "lr": optim.lr}]
@@ -142,11 +133,6 @@ class ActorWorker(Worker):
                       for name in pieces[0]}
         return self.batch["rewards"].shape[1]
 
-    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self._world_size > 1:
-            dist.all_reduce(t)
-        return t
-
     def compute_advantages_and_returns(self) -> dict[str, float]:
         """Advantages [T, B] on this rank's columns; GAE advantages are whitened over all ranks' samples."""
         algo, b = self.cfg.algorithm, self.batch
@@ -155,12 +141,12 @@ class ActorWorker(Worker):
         out = calculate_adv_and_returns(algo, b["rewards"], values, b["dones"], normalize=False)
         adv, mask = out["advantages"], out["loss_mask"].float()
         if normalize_here:  # global mean/std: identical whether 1 or 2 ranks hold the samples
-            stats = self._all_reduce(torch.stack([(adv * mask).sum(), (adv**2 * mask).sum(), mask.sum()]))
+            stats = self.all_reduce(torch.stack([(adv * mask).sum(), (adv**2 * mask).sum(), mask.sum()]))
             mean = stats[0] / stats[2]
             std = (stats[1] / stats[2] - mean**2).clamp(min=0).sqrt()
             adv = (adv - mean) / (std + 1e-8) * mask
         b["advantages"], b["returns"], b["loss_mask"] = adv, out["returns"], mask
-        sums = self._all_reduce(torch.stack([b["rewards"].sum(), adv.sum(), out["returns"].sum(),
+        sums = self.all_reduce(torch.stack([b["rewards"].sum(), adv.sum(), out["returns"].sum(),
                                              torch.tensor(float(adv.numel()), device=adv.device)]))
         return {"rollout/rewards": (sums[0] / sums[3]).item(), "rollout/advantages": (sums[1] / sums[3]).item(),
                 "rollout/returns": (sums[2] / sums[3]).item(),
@@ -184,7 +170,7 @@ class ActorWorker(Worker):
         accum = per_rank_batch // cfg.micro_batch_size
         totals: dict[str, float] = {}
         count, skipped = 0, 0
-        self.model.train()
+        self.policy.train()
         for epoch in range(algo.update_epoch):
             # the shuffle depends on (seed, step, epoch, rank) only: a resumed run shuffles the same way
             seed = ((cfg.seed * 1_000_003 + self.global_step) * 1009 + epoch) * 101 + self._rank
@@ -198,15 +184,13 @@ class ActorWorker(Worker):
                 for m in range(accum):
                     idx = mb_idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]
                     mb = {k: tree_map(lambda t, i=idx: t[i], v) for k, v in flat.items()}
-                    last = m == accum - 1
-                    # DDP all-reduces gradients in backward(); skip it until the last micro-batch
-                    ctx = self.model.no_sync() if (self._world_size > 1 and not last) else contextlib.nullcontext()
-                    with ctx, span("forward_backward"):
+                    with span("forward_backward"):
                         loss, metrics = self._micro_batch_loss(mb)
                         loss = faults.poison(loss)  # NaN only while an injected kind=nan fault fires
                         loss_finite = loss_finite and bool(torch.isfinite(loss))
                         (loss / accum).backward()
                     step_metrics += [(k, float(v)) for k, v in metrics.items()]
+                self._average_gradients()
                 grad_norm = (torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.clip_grad)
                              if cfg.optim.clip_grad > 0 else _grad_norm(self.policy))
                 if not self._step_is_finite(loss_finite, float(grad_norm), f"update epoch {epoch}, sample {start}"):
@@ -220,7 +204,7 @@ class ActorWorker(Worker):
                     self.optimizer.step()
         result = torch.tensor([totals[k] / count for k in sorted(totals)], dtype=torch.float32,
                               device=self.device)  # nccl: on the GPU
-        result = self._all_reduce(result) / self._world_size
+        result = self.all_reduce(result) / self._world_size
         out = {f"train/{k}": float(v) for k, v in zip(sorted(totals), result, strict=True)}
         out["train/lr"] = cfg.optim.lr
         if cfg.skip_nonfinite:
@@ -230,6 +214,19 @@ class ActorWorker(Worker):
         out["train/critic/explained_variance"] = float(1 - (y - v).var() / var_y) if var_y > 0 else float("nan")
         return out
 
+    def _average_gradients(self) -> None:
+        """Mean of the ranks' gradients, in place: one all-reduce of all gradients flattened into one vector.
+        Parameters without a gradient (the value head with loss_type 'actor') have none on every rank."""
+        if self._world_size == 1:
+            return
+        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
+        with span("grad_all_reduce"):
+            flat = self.all_reduce(torch.cat([g.reshape(-1) for g in grads])) / self._world_size  # [P]
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
     def _step_is_finite(self, loss_finite: bool, grad_norm: float, where: str) -> bool:
         """Every rank agrees (one all-reduce) whether any rank saw a non-finite loss or gradient norm. Then raise
         NonFiniteError naming the step and the ranks, or, with actor.skip_nonfinite, drop the gradients and skip."""
@@ -237,7 +234,7 @@ class ActorWorker(Worker):
         # to every rank, so the loss flag tells where it came from)
         bad = torch.zeros(self._world_size, device=self.device)
         bad[self._rank] = 2.0 if not loss_finite else float(not math.isfinite(grad_norm))
-        bad = self._all_reduce(bad)
+        bad = self.all_reduce(bad)
         if not bad.any():
             return True
         what = "loss" if (bad == 2).any() else "gradient norm"
@@ -252,8 +249,7 @@ class ActorWorker(Worker):
     def _micro_batch_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         algo = self.cfg.algorithm
         use_critic = algo.loss_type == "actor_critic"
-        out = self.model(mb["obs"], mb["actions"], use_critic) if self._world_size > 1 else \
-            self.policy.default_forward(mb["obs"], mb["actions"], compute_values=use_critic)
+        out = self.policy.default_forward(mb["obs"], mb["actions"], compute_values=use_critic)
         pg_loss, metrics = compute_ppo_actor_loss(out["logprobs"], mb["old_logprobs"], mb["advantages"],
                                                   mb["loss_mask"], algo.clip_ratio_low, algo.clip_ratio_high,
                                                   algo.clip_ratio_c)
@@ -296,8 +292,7 @@ class ActorWorker(Worker):
     def close(self) -> None:
         if getattr(self, "sender", None) is not None:
             self.sender.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.close_collective()
 
 
 def _grad_norm(model: torch.nn.Module) -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlinf_mini.shm import PREFIX, SHM_DIR
+from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `stages` and `tests.toy_workers` import from a plain checkout too

@@ -216,7 +216,7 @@ def _fill(value, tmp: Path):
 def test_corpus_of_malformed_input_each_gives_one_clear_line_and_starts_nothing(tmp_path, capsys, monkeypatch):
     import torch
 
-    from rlinf_mini import cluster as cluster_module
+    from rlinf_mini.scheduler import cluster as cluster_module
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     started = []

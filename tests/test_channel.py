@@ -10,11 +10,11 @@ import pytest
 import torch
 from toy_workers import EchoWorker
 
-from rlinf_mini import channel as channel_mod
-from rlinf_mini.channel import Channel, ChannelClosed, ChannelServer, ChannelTimeout
-from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.worker import WorkerDiedError
+from rlinf_mini.scheduler import channel as channel_mod
+from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelServer, ChannelTimeout
+from rlinf_mini.scheduler.cluster import Cluster
+from rlinf_mini.scheduler.worker import WorkerDiedError
 from stages.placement import ComponentPlacement
 
 

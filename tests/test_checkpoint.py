@@ -14,9 +14,9 @@ import torch
 from conftest import write_config
 
 from rlinf_mini.config import load_config
-from rlinf_mini.metric_logger import read_metrics
 from rlinf_mini.runner import find_latest_checkpoint
 from rlinf_mini.train import RunPlan, build_and_run
+from rlinf_mini.utils.metric_logger import read_metrics
 
 RUN = dict(
     cluster={"num_devices": 2, "component_placement": {"env": "0", "rollout": "1", "actor": "0"}},
@@ -72,7 +72,7 @@ def test_resume_continues_bitwise(runs):
 def test_metrics_of_a_run_resumed_into_a_new_folder_start_at_the_checkpoint(tmp_path):
     """resume_dir may name another run's checkpoint: the new folder has no metrics.jsonl to continue."""
     from rlinf_mini.config import LoggerConfig
-    from rlinf_mini.metric_logger import MetricLogger
+    from rlinf_mini.utils.metric_logger import MetricLogger
 
     logger = MetricLogger(LoggerConfig(logger_backends=[]), tmp_path, resume_step=5)
     logger.log({"train/loss": 1.0}, step=6)

@@ -12,7 +12,7 @@ import torch
 from rlinf_mini.config import EnvSplitConfig, InitParams
 from rlinf_mini.envs import EnvError, EnvSpec, get_env_spec, make_env
 from rlinf_mini.envs.fake_reach import STEP_SIZE
-from rlinf_mini.seeding import counter_uniform
+from rlinf_mini.utils.seeding import counter_uniform
 
 
 def fake_cfg(**kw) -> EnvSplitConfig:

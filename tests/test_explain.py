@@ -23,13 +23,13 @@ def no_process_may_start(monkeypatch):
     """Any process start (a worker, the cluster) fails the test; virtual CPU devices even on a GPU machine."""
     import torch
 
-    import rlinf_mini.cluster
+    import rlinf_mini.scheduler.cluster
 
     def refuse(*args, **kwargs):
         raise AssertionError("--explain started a process")
 
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
-    monkeypatch.setattr(rlinf_mini.cluster.Cluster, "__init__", refuse)
+    monkeypatch.setattr(rlinf_mini.scheduler.cluster.Cluster, "__init__", refuse)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 

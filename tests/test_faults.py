@@ -24,14 +24,14 @@ import torch
 from conftest import ROOT, write_config
 from toy_workers import EchoWorker
 
-from rlinf_mini import faults
-from rlinf_mini.channel import Channel
-from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.metric_logger import read_metrics
 from rlinf_mini.runner import find_latest_checkpoint
-from rlinf_mini.shm import PREFIX, SHM_DIR
-from rlinf_mini.worker import WorkerDiedError
+from rlinf_mini.scheduler import faults
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.cluster import Cluster
+from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
+from rlinf_mini.scheduler.worker import WorkerDiedError
+from rlinf_mini.utils.metric_logger import read_metrics
 from stages.placement import ComponentPlacement
 
 BASE = dict(  # 3 worker processes (each run spends most of its time starting them), a fraction of a second per step

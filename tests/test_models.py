@@ -7,7 +7,7 @@ import torch
 
 from rlinf_mini.config import ModelConfig
 from rlinf_mini.models import MLPPolicy, build_policy
-from rlinf_mini.seeding import counter_uniform
+from rlinf_mini.utils.seeding import counter_uniform
 
 OBS_DIM, ACTION_DIM, B = 5, 3, 64
 

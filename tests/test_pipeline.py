@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import write_config
 
-from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import load_config
-from rlinf_mini.metric_logger import read_metrics
+from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.train import RunPlan, build_and_run, launch
+from rlinf_mini.utils.metric_logger import read_metrics
 from stages.placement import PlacementMode
 
 SMALL = dict(  # 2 training steps of 16 envs x 8 chunk steps: a few seconds per run

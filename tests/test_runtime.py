@@ -10,11 +10,11 @@ import pytest
 import torch
 from toy_workers import BrokenWorker, EchoWorker
 
-from rlinf_mini.channel import Channel, ChannelTimeout, dumps, loads
-from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.shm import PREFIX, SHM_DIR
-from rlinf_mini.worker import INLINE_MAX, POLL_S, WorkerDiedError, WorkerError
+from rlinf_mini.scheduler.channel import Channel, ChannelTimeout, dumps, loads
+from rlinf_mini.scheduler.cluster import Cluster
+from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
+from rlinf_mini.scheduler.worker import INLINE_MAX, POLL_S, WorkerDiedError, WorkerError
 from stages.placement import ComponentPlacement
 
 

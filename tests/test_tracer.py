@@ -1,4 +1,4 @@
-"""The timeline tracer (rlinf_mini/tracer.py), its files and metrics, and the benchmarks in their tiny mode."""
+"""The timeline tracer (scheduler/tracer.py), its files and metrics, and the benchmarks in their tiny mode."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from conftest import write_config
 from PIL import Image
 
-from rlinf_mini import channel as C
-from rlinf_mini import tracer
+from rlinf_mini.scheduler import channel as C
+from rlinf_mini.scheduler import tracer
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import jupytext
 import pytest
 from conftest import ROOT
 
-from rlinf_mini.shm import PREFIX, SHM_DIR
+from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
 
 TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
 PICTURES = {  # tutorial -> the files it must draw into its output folder

@@ -15,8 +15,8 @@ from rlinf_mini.envs.pixel_reach import COLORS, RGB
 from rlinf_mini.envs.video import MIN_SIDE, TEXT_BAND, EvalVideoRecorder
 from rlinf_mini.models import build_policy
 from rlinf_mini.models.tiny_vla import TinyVLAConfig, TinyVLAPolicy, build_tokenizer
-from rlinf_mini.seeding import counter_uniform
-from rlinf_mini.tensor_tree import tree_cat, tree_map
+from rlinf_mini.utils.seeding import counter_uniform
+from rlinf_mini.utils.tensor_tree import tree_cat, tree_map
 
 G, P = 5, 4
 
@@ -297,7 +297,7 @@ def test_vla_pipeline_trains_saves_video_and_learning_curve(vla_run):
 
 
 def test_learning_curve_needs_eval_rows(tmp_path):
-    from rlinf_mini.learning_curve import plot_learning_curve
+    from rlinf_mini.utils.learning_curve import plot_learning_curve
 
     assert plot_learning_curve([{"step": 1, "env/return": 0.0}], tmp_path / "a.png") is None
     out = plot_learning_curve([{"step": 0, "eval/success_once": 0.1, "eval/return": 0.2},

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from rlinf_mini.worker import Worker
+from rlinf_mini.scheduler.worker import Worker
 
 
 class EchoWorker(Worker):

@@ -56,23 +56,45 @@ for name in STAGE_FILES:
     assert name == "train" or "Next stage" in module.__doc__, name
 
 # %% [markdown]
-# Underneath the stages is the runtime in `rlinf_mini/` (config, cluster, worker, channel, shm, ...). It knows
-# nothing about RL: **no runtime module imports `stages/`**; only the composition modules (`train.py`, `runner.py`,
-# `explain.py`) put the two together. This is what keeps a stage readable on its own.
+# The code stands on three floors, and each imports only from the floors below it:
+#
+# 1. `rlinf_mini/scheduler/` — the runtime (RLinf: `rlinf/scheduler/`): `Cluster`, `Worker` / `WorkerGroup`,
+#    `Channel`, the placement data types, shared memory, the message codec, faults, the tracer, and one module per
+#    backend (`local`, `inline`, `ray`). It knows nothing about RL: it imports only itself and `config.py`.
+#    Beside it, `config.py`, `utils/` (seeding, tensor trees, metric logger, learning curve), `envs/` and `models/`
+#    import no stage and no runner either.
+# 2. `stages/` — the five stages; they use the scheduler, envs and models, never a runner or the entry.
+# 3. the composition modules — `train.py`, `runner.py`, `explain.py` — put the two together.
+#
+# This is what keeps a stage readable on its own, and the runtime replaceable under it.
 
 # %%
 import ast
 
-COMPOSITION = {"train.py", "runner.py", "explain.py"}
+
+def imports_of(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return found | {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+
+
+def ours(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.split(".")[0] in ("rlinf_mini", "stages")}
+
+
+COMPOSITION = ("rlinf_mini.train", "rlinf_mini.runner", "rlinf_mini.explain")
+for path in sorted((ROOT / "rlinf_mini" / "scheduler").rglob("*.py")):
+    bad = {m for m in ours(imports_of(path)) if not m.startswith("rlinf_mini.scheduler") and m != "rlinf_mini.config"}
+    assert not bad, (path, bad)
 for path in sorted((ROOT / "rlinf_mini").rglob("*.py")):
-    if path.name in COMPOSITION:
+    if path.stem in ("train", "runner", "explain") and path.parent.name == "rlinf_mini":
         continue
-    imported = {node.module for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, ast.ImportFrom) and node.module}
-    imported |= {alias.name for node in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(node, ast.Import) for alias in node.names}
-    assert not any(m == "stages" or m.startswith("stages.") for m in imported), path
-print("no runtime module imports stages/")
+    bad = {m for m in ours(imports_of(path)) if m.startswith("stages") or m.startswith(COMPOSITION)}
+    assert not bad, (path, bad)
+for path in sorted((ROOT / "stages").glob("*.py")):
+    bad = {m for m in ours(imports_of(path)) if m.startswith(COMPOSITION)}
+    assert not bad, (path, bad)
+print("scheduler <- stages <- runner/entry: no module imports upward")
 
 # %% [markdown]
 # ## Run it
@@ -128,7 +150,7 @@ assert [h["env/steps"] for h in history] == [128.0, 256.0]
 # - `stages/advantages.py` → `rlinf/algorithms/advantages.py`, `rlinf/algorithms/registry.py::calculate_adv_and_returns`
 # - `stages/train.py` → `rlinf/workers/actor/embodied_fsdp_actor_worker.py::EmbodiedFSDPActor`,
 #   `rlinf/algorithms/losses.py`
-# - `rlinf_mini/cluster.py`, `worker.py`, `channel.py` → `rlinf/scheduler/cluster/cluster.py::Cluster`,
+# - `rlinf_mini/scheduler/cluster.py`, `worker.py`, `channel.py` → `rlinf/scheduler/cluster/cluster.py::Cluster`,
 #   `rlinf/scheduler/worker/worker.py::Worker`, `worker_group.py::WorkerGroup`,
 #   `rlinf/scheduler/channel/channel.py::Channel`
 #

@@ -22,8 +22,8 @@
 # - `stages/placement.py`: `_parse_placement` (one string → the devices of each process),
 #   `ComponentPlacement.__init__` (every key), `_classify` (the mode), `describe` (the map printed below),
 #   `HybridComponentPlacement` (the embodied one: exactly env, rollout and actor).
-# - `rlinf_mini/cluster.py::Cluster.device_cores` and `allocate`: a device is a GPU (`CUDA_VISIBLE_DEVICES=d` is set
-#   before torch loads in the process) or, without a GPU, a share of the CPU cores.
+# - `rlinf_mini/scheduler/cluster.py::Cluster.device_cores` and `allocate`: a device is a GPU
+#   (`CUDA_VISIBLE_DEVICES=d` is set before torch loads in the process) or, without a GPU, a share of the CPU cores.
 
 # %%
 from workbench import OUT, ROOT, check_exercise, matches
@@ -160,7 +160,7 @@ for fix in fixes[:2]:
 #   RLinf's HybridComponentPlacement always reports HYBRID; ours classifies the layout.
 # - `rlinf/scheduler/cluster/cluster.py::Cluster.allocate`: a Ray actor per rank with `CUDA_VISIBLE_DEVICES` set
 #   (RLinf#353: users found that the YAML's device ids are not the physical GPU ids; ours become
-#   `CUDA_VISIBLE_DEVICES` in `rlinf_mini/cluster.py::Cluster.allocate`, worth reading for that question).
+#   `CUDA_VISIBLE_DEVICES` in `rlinf_mini/scheduler/cluster.py::Cluster.allocate`, worth reading for that question).
 # - Left out here: node groups, several machines, robots as hardware, `PlacementMode.AUTO`.
 #
 # ## Exercise

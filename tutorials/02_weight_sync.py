@@ -85,8 +85,8 @@ assert receiver.version == 1 and timed_out
 # them, sync, train one step, and sync again — the runner's own calls, one at a time.
 
 # %%
-from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import load_config
+from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.train import RunPlan, launch
 
 argv = ["--config", str(ROOT / "configs/embodied_mlp.yaml"), "--runner.no-progress-bar",

@@ -27,7 +27,7 @@
 #   `EnvWorker.interact` (stack the stages, cut the pieces for the actor).
 # - `rlinf_mini/runner.py::EmbodiedRunner.generate_rollouts`: starts `env.interact`, `rollout.generate` and
 #   `actor.recv_rollout_trajectories` together and waits for all three.
-# - `rlinf_mini/seeding.py::counter_uniform`: the action noise is a hash of (seed, env id, sample step), which is
+# - `rlinf_mini/utils/seeding.py::counter_uniform`: the action noise is a hash of (seed, env id, sample step), which is
 #   why the way envs are split into stages cannot change a trajectory.
 
 # %%
@@ -36,9 +36,9 @@ import dataclasses
 import torch
 from workbench import OUT, ROOT, check_exercise, matches
 
-from rlinf_mini import tracer
-from rlinf_mini.cluster import Cluster
 from rlinf_mini.config import load_config
+from rlinf_mini.scheduler import tracer
+from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.train import RunPlan, launch
 from stages.rollout import TRAJECTORY_KEYS, EnvWorker
 
@@ -107,13 +107,13 @@ assert pipelined[0]["rewards"].abs().sum() > 0  # a real rollout: the policy mov
 # figures steady on a CPU shared with other jobs. (`python -m benchmarks` burns real CPU time instead, env and
 # rollout each on its own core; README, Performance.) Env on device 0, rollout on device 1 — the hybrid placement
 # during the rollout. E = P = 30 ms, 8 steps, each S three times, interleaved; the best of three counts (a busy
-# machine only adds time). Every worker records its spans with the tracer (`rlinf_mini/tracer.py`), which draws
-# the timelines.
+# machine only adds time). Every worker records its spans with the tracer
+# (`rlinf_mini/scheduler/tracer.py`), which draws the timelines.
 
 # %%
 import benchmarks.bench_workers as bw
-from rlinf_mini.channel import Channel
 from rlinf_mini.config import ClusterConfig
+from rlinf_mini.scheduler.channel import Channel
 from stages.placement import PlacementStrategy, ProcessPlacement
 
 E = P = 0.03

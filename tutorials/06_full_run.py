@@ -26,8 +26,8 @@
 # - `rlinf_mini/runner.py::EmbodiedRunner`: `run` (the step loop: `val_check_interval`, `save_interval`),
 #   `evaluate`, `save_checkpoint` (a `.tmp` folder renamed last: complete or absent), `load_checkpoint`,
 #   `find_latest_checkpoint` (what `resume_dir: auto` picks).
-# - `rlinf_mini/metric_logger.py` (`metrics.jsonl`, TensorBoard, the console line; `read_metrics`) and
-#   `rlinf_mini/learning_curve.py::plot_learning_curve`.
+# - `rlinf_mini/utils/metric_logger.py` (`metrics.jsonl`, TensorBoard, the console line; `read_metrics`) and
+#   `rlinf_mini/utils/learning_curve.py::plot_learning_curve`.
 
 # %%
 import json
@@ -37,9 +37,9 @@ import torch
 from workbench import OUT, ROOT, check_exercise, matches
 
 from rlinf_mini.config import load_config
-from rlinf_mini.metric_logger import read_metrics
 from rlinf_mini.runner import find_latest_checkpoint
 from rlinf_mini.train import RunPlan, build_and_run
+from rlinf_mini.utils.metric_logger import read_metrics
 
 MLP = str(ROOT / "configs/embodied_mlp.yaml")
 RUNS = OUT / "runs"

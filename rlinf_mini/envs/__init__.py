@@ -23,7 +23,7 @@ Every VectorEnv (FakeReachEnv in fake_reach.py, GymnasiumVectorEnv in gym_adapte
 - `get_state() -> dict` / `set_state(dict)`: everything needed to continue bitwise after a resume.
 - `close()`.
 - If cfg.step_latency_s > 0, each sub-step sleeps that long (emulating a slow simulator; RLinf's InsertDelay wrapper).
-FakeReach and PixelReach write only their sub-step; the chunk loop with these rules is `TorchChunkEnv` below.
+FakeReach and PixelReach write only their sub-step; the chunk loop with these rules is `TorchChunkEnv` in base.py.
 
 RLinf counterpart: `rlinf/envs/__init__.py::get_env_cls` and `ManiskillEnv.chunk_step` (rlinf-map.md, section 9).
 Optional: `render() -> uint8 [B, 3, H, W]` frames for eval videos (rlinf_mini/envs/video.py).
@@ -33,13 +33,14 @@ RLinf's ManiSkill env finishes a chunk in the ended episode and resets after it;
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from rlinf_mini.config import EnvSplitConfig
+from rlinf_mini.envs.base import EnvError, EnvSpec, TorchChunkEnv
+
+__all__ = ["EnvError", "EnvSpec", "TorchChunkEnv", "get_env_spec", "make_env", "FAKE_IDS"]
 
 if TYPE_CHECKING:
     from rlinf_mini.envs.fake_reach import FakeReachEnv
@@ -49,67 +50,6 @@ if TYPE_CHECKING:
 FAKE_REACH_ID = "FakeReach-v0"
 PIXEL_REACH_ID = "PixelReach-v0"
 FAKE_IDS = (FAKE_REACH_ID, PIXEL_REACH_ID)
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    obs_dim: int
-    """Size of the flat float observation."""
-    action_dim: int
-    """Box: its dimension; Discrete: the number of choices."""
-    discrete: bool
-    """True for a Discrete action space (actions are int64 indices)."""
-    image_shape: tuple[int, ...] = ()
-    """(3, H, W) for envs whose obs dict has `images` (PixelReach-v0); () for flat state vectors."""
-
-
-class EnvError(ValueError):
-    """An env that cannot be built from the config: one line naming the key, e.g. 'env.train.init_params.id: ...'."""
-
-
-class TorchChunkEnv:
-    """The chunk rules above, written once for the envs whose whole state is torch tensors (FakeReach, PixelReach).
-
-    A subclass has `cfg`, `num_envs`, `num_action_chunks` and the tensors `elapsed` [B] int64, `episode_return` [B],
-    `finished` [B] bool, and defines `_check_actions(actions)`, `_obs()`, `_reset_where(mask [B])` and
-    `_substep(actions_c, live) -> (reward [B] float32, success [B] bool)`: one sub-step of the live sub-envs.
-    """
-
-    def chunk_step(self, actions: torch.Tensor):
-        """Execute C actions open loop -> (obs, rewards [B, C], terminations [B, C], truncations [B, C],
-        episode_stats); see the module docstring for the masking and auto-reset rules."""
-        self._check_actions(actions)
-        B, C = self.num_envs, self.num_action_chunks
-        rewards = torch.zeros(B, C)
-        terminations = torch.zeros(B, C, dtype=torch.bool)
-        truncations = torch.zeros(B, C, dtype=torch.bool)
-        ended_in_chunk = torch.zeros(B, dtype=torch.bool)  # later sub-steps of these rows are masked
-        stats: dict[str, list[torch.Tensor]] = {"return": [], "episode_len": [], "success_once": []}
-        for c in range(C):
-            if self.cfg.step_latency_s > 0:
-                time.sleep(self.cfg.step_latency_s)
-            live = ~self.finished  # [B]; always all True with auto_reset
-            reward, success = self._substep(actions[:, c], live)
-            self.elapsed = self.elapsed + live.to(torch.int64)
-            self.episode_return = self.episode_return + reward
-            truncated = live & ~success & (self.elapsed >= self.cfg.max_episode_steps)
-            done = success | truncated
-
-            shown = ~ended_in_chunk
-            rewards[:, c] = torch.where(shown, reward, 0.0)
-            terminations[:, c] = success & shown
-            truncations[:, c] = truncated & shown
-            ended_in_chunk |= done
-            if done.any():
-                stats["return"].append(self.episode_return[done])
-                stats["episode_len"].append(self.elapsed[done].to(torch.float32))
-                stats["success_once"].append(success[done].to(torch.float32))
-                if self.cfg.auto_reset:
-                    self._reset_where(done)
-                else:
-                    self.finished = self.finished | done
-        episode_stats = {k: torch.cat(v) if v else torch.zeros(0) for k, v in stats.items()}
-        return self._obs(), rewards, terminations, truncations, episode_stats
 
 
 def _check_fake_id(cfg: EnvSplitConfig, key: str) -> None:

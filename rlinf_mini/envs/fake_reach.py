@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs import EnvSpec, TorchChunkEnv
-from rlinf_mini.seeding import counter_uniform
+from rlinf_mini.envs.base import EnvSpec, TorchChunkEnv
+from rlinf_mini.utils.seeding import counter_uniform
 
 STEP_SIZE = 0.2
 """How far one action of norm 1 per coordinate moves the position."""

@@ -30,7 +30,7 @@ import torch
 from gymnasium.wrappers import TimeLimit
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs import EnvError, EnvSpec
+from rlinf_mini.envs.base import EnvError, EnvSpec
 
 
 def _make_one(cfg: EnvSplitConfig, key: str) -> gymnasium.Env:

@@ -22,7 +22,7 @@ import time
 import torch
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs import EnvError, EnvSpec
+from rlinf_mini.envs.base import EnvError, EnvSpec
 
 
 def _make(cfg: EnvSplitConfig, num_envs: int, key: str):

@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs import EnvSpec, TorchChunkEnv
-from rlinf_mini.seeding import counter_uniform
+from rlinf_mini.envs.base import EnvSpec, TorchChunkEnv
+from rlinf_mini.utils.seeding import counter_uniform
 
 COLORS = ("red", "blue")
 """Block colours; instruction variant i asks for block i."""

@@ -8,9 +8,9 @@ Inputs: obs [B, obs_dim]. Box actions: a Gaussian per action with a state-depend
 state-independent log std (`actor_logstd`, initialised to -0.5); actions [B, C, A] float32. Discrete actions
 (`action_dim` = the number of choices n): a categorical per chunk step (`actor_logits`); actions [B, C] int64.
 Logprobs and entropy are summed over the chunk and action dims, so one sample = one chunk step; the value head gives
-one value per sample (RLinf's `chunk_level` value). The sampling noise comes from the caller (uniforms from
-`rlinf_mini.seeding.counter_uniform`), so the same (seed, env id, counter) gives the same action however the envs are
-split over ranks or pipeline stages.
+one value per sample (RLinf's `chunk_level` value). The sampling noise comes from the caller (uniforms
+from `rlinf_mini.utils.seeding.counter_uniform`), so the same (seed, env id, counter) gives the same action however
+the envs are split over ranks or pipeline stages.
 
 RLinf counterpart: `rlinf/models/embodiment/mlp_policy/mlp_policy.py::MLPPolicy` (`predict_action_batch`,
 `default_forward`, `actor_mean`, `actor_logstd`) and `rlinf/models/embodiment/modules/value_head.py::ValueHead`.

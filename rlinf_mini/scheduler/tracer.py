@@ -1,7 +1,7 @@
 """Timeline tracer: every process records spans (what it did, from when to when); the runner gathers them into a
 Chrome trace, a Gantt chart and per-step busy / idle / bubble metrics.
 
-    from rlinf_mini.tracer import span
+    from rlinf_mini.scheduler.tracer import span
     with span("env_step", stage=k):          # in a worker: one line around the work (a no-op when tracing is off)
         ...
     spans = drain()                           # the runner collects each worker's spans once per step

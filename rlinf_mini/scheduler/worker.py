@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from rlinf_mini import faults, tracer
+from rlinf_mini.scheduler import faults, tracer
 
 POLL_S = 0.1  # how often a waiting driver checks that every worker is alive
 # A group call's default wait is cluster.timeout_s plus this margin, so that a worker's own timeout (a channel get,
@@ -54,7 +54,7 @@ def _send(conn: Connection, payload: bytes) -> None:
     if len(payload) <= INLINE_MAX:
         conn.send_bytes(b"P" + payload)
         return
-    from rlinf_mini import shm  # here, not at the top: it imports torch, which a worker imports after pinning
+    from rlinf_mini.scheduler import shm  # here, not at the top: it imports torch, which a worker imports after pinning
 
     seg = shm.SharedSegment.create(len(payload), tag="call")
     seg._mmap[:] = payload  # one copy; the receiver removes the file once it has read it
@@ -67,7 +67,7 @@ def _decode(msg: bytes) -> Any:
     """The object `_send` sent, from the bytes read off the pipe."""
     if msg[:1] == b"P":
         return pickle.loads(msg[1:])
-    from rlinf_mini import shm
+    from rlinf_mini.scheduler import shm
 
     name, size = pickle.loads(msg[1:])
     seg = shm.SharedSegment.attach(name, size)
@@ -124,12 +124,27 @@ class Worker:
         print(f"[{self._group_name}:{self._rank}] {msg}", file=sys.stderr, flush=True)
 
     def trace_enable(self, on: bool = True) -> None:
-        """Record timeline spans in this process (rlinf_mini.tracer); the runner turns it on with runner.trace."""
+        """Record timeline spans in this process (scheduler/tracer.py); the runner turns it on with runner.trace."""
         tracer.enable(on)
 
     def trace_drain(self) -> list[tracer.Span]:
         """The spans recorded since the last drain (the runner gathers them once per step)."""
         return tracer.drain()
+
+    def init_collective(self, timeout_s: float) -> None:
+        """Join this group's collective (every rank must call it); then `all_reduce` sums over the ranks."""
+        self._collective = self._make_collective(timeout_s)
+
+    def all_reduce(self, t):
+        """Sum `t` over the ranks of this group, in place (a no-op on one rank); returns `t`."""
+        if self._world_size > 1:
+            self._collective.all_reduce(t)
+        return t
+
+    def close_collective(self) -> None:
+        if getattr(self, "_collective", None) is not None:
+            self._collective.close()
+            self._collective = None
 
     def get_rng_state(self) -> dict[str, Any]:
         """This process's global random generators (python, numpy, torch CPU and CUDA), for checkpoints."""
@@ -396,6 +411,8 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         import torch
         import torch.multiprocessing  # noqa: F401  (registers tensor sharing for the results' ForkingPickler)
 
+        from rlinf_mini.scheduler.collective import TorchDistCollective
+
         if cores:
             torch.set_num_threads(len(cores))
         cls = getattr(importlib.import_module(cls_module), cls_name)
@@ -404,6 +421,8 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         worker._group_name = os.environ["RLINF_MINI_GROUP"]
         worker._torch_before_pinning = torch_before_pinning
         worker.device = torch.device("cuda:0" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
+        worker._make_collective = lambda timeout_s: TorchDistCollective(rank, worker._world_size, worker.device,
+                                                                       timeout_s)
         fault = faults.for_this_worker(worker._group_name, rank)  # None unless RLMINI_FAULT names this worker
         if fault is not None:
             faults.before_call(fault, "__init__")
@@ -413,7 +432,7 @@ def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: li
         _send(result_pipe, pickle.dumps((0, rank, False, traceback.format_exc())))
         sys.exit(1)
 
-    from rlinf_mini.channel import close_process_resources
+    from rlinf_mini.scheduler.channel import close_process_resources
 
     try:
         while True:

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 import torch.multiprocessing
 
-from rlinf_mini import shm
-from rlinf_mini.channel import ChannelServer
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.worker import WorkerDiedError, worker_main
+from rlinf_mini.scheduler import shm
+from rlinf_mini.scheduler.channel import ChannelServer
+from rlinf_mini.scheduler.worker import WorkerDiedError, worker_main
 
 
 @contextlib.contextmanager
@@ -151,7 +151,7 @@ class Cluster:
         for group in self.groups:
             group.finish_stop(deadline)
         self.channel_server.close()
-        from rlinf_mini.channel import close_process_resources
+        from rlinf_mini.scheduler.channel import close_process_resources
 
         close_process_resources()
         shm.sweep(self.run_id)

@@ -56,8 +56,8 @@ from typing import Any
 import numpy
 import torch
 
-from rlinf_mini.shm import SharedSegment
-from rlinf_mini.tracer import span
+from rlinf_mini.scheduler.shm import SharedSegment
+from rlinf_mini.scheduler.tracer import span
 
 DEFAULT_KEY = "default_queue"
 # Each returned token is one skb (~770 bytes) in the kernel: at Linux's default wmem_max a key's token socket holds
