@@ -31,9 +31,11 @@ def host_main(index: int, core: int | None, shared: dict, conn) -> None:
     while True:
         cmd = conn.recv()
         if cmd is None:
-            from rlinf_mini.scheduler.channel import close_process_resources
+            from rlinf_mini.scheduler import codec
+            from rlinf_mini.scheduler.local import close_transport_resources
 
-            close_process_resources()
+            close_transport_resources()
+            codec.close_process_resources()
             return
         name, args = cmd
         args = [shared[a[1:]] if isinstance(a, str) and a.startswith("@") else a for a in args]

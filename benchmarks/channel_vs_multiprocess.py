@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from rlinf_mini.scheduler.channel import Channel, ChannelServer
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.local import ChannelServer, KernelQueues
 
 BATCH = (64, 3, 64, 64)
 
@@ -61,7 +62,7 @@ def main() -> None:
         print("multiprocess is not installed: its row is skipped")
     server = ChannelServer()
     server.create("bench", 4)
-    ch = Channel("bench", server.address, server.authkey, 30.0)
+    ch = Channel("bench", KernelQueues("bench", server.address, server.authkey, 30.0), 30.0)
     p = multiprocessing.get_context("spawn").Process(target=_produce_channel, args=(ch, args.n))
     p.start()
     rows["rlinf_mini Channel"] = _receive(lambda: ch.get(key=0), args.n)

@@ -24,7 +24,8 @@ import torch
 
 from benchmarks import bench_workers as bw
 from rlinf_mini.scheduler import shm, tracer
-from rlinf_mini.scheduler.channel import Channel, ChannelServer
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.local import ChannelServer, KernelQueues
 
 _ctx = multiprocessing.get_context("spawn")
 
@@ -62,7 +63,7 @@ class Hosts:
     functions on command, plus a channel server in this process whose segments carry this run's id."""
 
     def __init__(self):
-        self.run_id = f"{os.getpid()}bench{secrets.token_hex(2)}"
+        self.run_id = f"{os.getpid()}-bench{secrets.token_hex(2)}"
         self.saved = os.environ.get("RLINF_MINI_RUN_ID")
         os.environ["RLINF_MINI_RUN_ID"] = self.run_id  # inherited by the hosts: every segment is swept at the end
         self.server = ChannelServer()
@@ -82,7 +83,7 @@ class Hosts:
     def channel(self, maxsize: int) -> Channel:
         name = f"bench{secrets.token_hex(3)}"
         self.server.create(name, maxsize)
-        return Channel(name, self.server.address, self.server.authkey, 120.0)
+        return Channel(name, KernelQueues(name, self.server.address, self.server.authkey, 120.0), 120.0)
 
     def submit(self, host: int, fn: str, *args) -> None:
         self.conns[host].send((fn, args))
@@ -102,7 +103,8 @@ class Hosts:
         return self.result(0), self.result(1)
 
     def close(self) -> None:
-        from rlinf_mini.scheduler.channel import close_process_resources
+        from rlinf_mini.scheduler import codec
+        from rlinf_mini.scheduler.local import close_transport_resources
 
         for conn in self.conns:
             conn.send(None)
@@ -115,7 +117,8 @@ class Hosts:
             if hasattr(q, "cancel_join_thread"):
                 q.cancel_join_thread()
         self.server.close()
-        close_process_resources()
+        close_transport_resources()
+        codec.close_process_resources()
         shm.sweep(self.run_id)
         if self.saved is None:
             os.environ.pop("RLINF_MINI_RUN_ID", None)

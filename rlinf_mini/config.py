@@ -38,10 +38,19 @@ class ConfigError(ValueError):
 @dataclass
 class ClusterConfig:
     num_nodes: int = 1
-    """Number of machines. Only 1 is supported by the local (torch.multiprocessing) backend."""
+    """Number of machines (nodes). More than 1 needs backend 'ray'; num_devices is then the total over the nodes, and
+    node n holds devices n*D ... n*D + D - 1, D = num_devices / num_nodes (as in RLinf)."""
     num_devices: int = 2
     """rlinf_mini: the devices that component_placement numbers 0..num_devices-1. Without a GPU each is a share of
     the CPU cores; with GPUs, device d is GPU d (GPU d mod the GPU count when fewer GPUs are visible)."""
+    backend: Literal["local", "inline", "ray"] = "local"
+    """rlinf_mini: how ranks run. 'local': a process per rank on this machine (torch.multiprocessing); 'inline': every
+    rank a thread of the driver, taking turns, so breakpoint() in a worker method stops there (debugging; slower);
+    'ray': a Ray actor per rank, on one machine or a Ray cluster (pip install -e ".[ray]"). RLinf always uses Ray."""
+    ray_address: str = ""
+    """rlinf_mini, backend 'ray': '' starts a private Ray instance for the run (stopped at its end); 'auto' or
+    'HOST:PORT' joins a running cluster (`ray start --head` on the first machine, `ray start --address=HOST:PORT` on
+    the others), which the run leaves running."""
     component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
     """Component(s) -> devices, in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes' ('0-1:0-3' = 4 processes
     on 2 devices). A key may name several components ('env,rollout,actor')."""
@@ -568,8 +577,14 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
     for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef"):
         if getattr(cfg.algorithm, key) < 0:
             fail(f"algorithm.{key}", f"must be >= 0, got {getattr(cfg.algorithm, key)}")
-    if cfg.cluster.num_nodes != 1:
-        fail("cluster.num_nodes", f"the local backend runs on one machine, got {cfg.cluster.num_nodes}")
+    if cfg.cluster.num_nodes != 1 and cfg.cluster.backend != "ray":
+        fail("cluster.num_nodes", f"{cfg.cluster.num_nodes} nodes need cluster.backend: ray (the "
+                                  f"{cfg.cluster.backend!r} backend runs on one machine)")
+    if cfg.cluster.num_devices % cfg.cluster.num_nodes:
+        fail("cluster.num_devices", f"{cfg.cluster.num_devices} devices do not split evenly over "
+                                    f"cluster.num_nodes={cfg.cluster.num_nodes}")
+    if cfg.cluster.ray_address and cfg.cluster.backend != "ray":
+        fail("cluster.ray_address", f"is only read by cluster.backend: ray (backend is {cfg.cluster.backend!r})")
     if cfg.env.train.group_size != cfg.algorithm.group_size:
         fail("env.train.group_size", f"{cfg.env.train.group_size} != algorithm.group_size={cfg.algorithm.group_size}")
     if cfg.algorithm.adv_type == "grpo" and cfg.algorithm.group_size < 2:

@@ -30,6 +30,7 @@ import torch
 
 from rlinf_mini.scheduler.shm import SharedSegment
 from rlinf_mini.scheduler.tracer import span
+from rlinf_mini.scheduler.worker import waiting_for_others
 
 _ALIGN = 64
 _HEADER = 64  # bytes 0..7: int64 version stamp; -1 = nothing written yet
@@ -92,7 +93,7 @@ class WeightReceiver:
     def wait_for_version(self, version: int, timeout: float) -> float:
         """Block until the actor has stamped `version`; returns the seconds waited. Raises TimeoutError."""
         start = time.monotonic()
-        with span("wait_weights"):
+        with span("wait_weights"), waiting_for_others():  # the inline backend runs the actor meanwhile
             self._wait_stamp(version, timeout, start)
         if not self.zero_copy:
             with torch.no_grad(), span("weight_load"):

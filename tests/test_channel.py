@@ -11,9 +11,10 @@ import torch
 from toy_workers import EchoWorker
 
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.scheduler import channel as channel_mod
-from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelServer, ChannelTimeout
+from rlinf_mini.scheduler import codec, local
+from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelTimeout
 from rlinf_mini.scheduler.cluster import Cluster
+from rlinf_mini.scheduler.local import ChannelServer, KernelQueues
 from rlinf_mini.scheduler.worker import WorkerDiedError
 from stages.placement import ComponentPlacement
 
@@ -74,7 +75,7 @@ def test_unbounded_qsize_counts_queued_items_and_a_bound_blocks_at_maxsize(clust
 def test_a_large_pickle_of_small_tensors_travels_as_a_blob_exactly(cluster, echo):
     ch = Channel.create("blob", cluster, maxsize=2)
     item = {f"t{i}": torch.randn(100, 50) for i in range(8)}  # 8 x 20 KB, each under SHM_MIN_BYTES: 160 KB pickle
-    assert len(channel_mod.dumps(item)) > channel_mod._MSG_MAX
+    assert len(codec.dumps(item)) > local._MSG_MAX
     ch.put(item, key="b")
     got = echo.execute_on(1).consume(ch, 1, "b").wait()[0][0]
     assert got.keys() == item.keys() and all(torch.equal(got[k], item[k]) for k in item)
@@ -83,7 +84,7 @@ def test_a_large_pickle_of_small_tensors_travels_as_a_blob_exactly(cluster, echo
 def test_a_blocked_get_ends_with_channel_closed_when_the_server_goes_away():
     server = ChannelServer()
     server.create("gone", 2)
-    ch = Channel("gone", server.address, server.authkey, 30.0)
+    ch = Channel("gone", KernelQueues("gone", server.address, server.authkey, 30.0), 30.0)
     ch.put(1, key="k")
     assert ch.get(key="k") == 1
     threading.Timer(0.3, server.close).start()

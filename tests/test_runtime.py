@@ -11,10 +11,12 @@ import torch
 from toy_workers import BrokenWorker, EchoWorker
 
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.scheduler.channel import Channel, ChannelTimeout, dumps, loads
+from rlinf_mini.scheduler.channel import Channel, ChannelTimeout
 from rlinf_mini.scheduler.cluster import Cluster
+from rlinf_mini.scheduler.codec import dumps, loads
+from rlinf_mini.scheduler.local import INLINE_MAX
 from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
-from rlinf_mini.scheduler.worker import INLINE_MAX, POLL_S, WorkerDiedError, WorkerError
+from rlinf_mini.scheduler.worker import POLL_S, WorkerDiedError, WorkerError
 from stages.placement import ComponentPlacement
 
 
@@ -79,15 +81,18 @@ def test_results_carry_tensors(echo):
     assert torch.equal(echo.execute_on(0).add(torch.ones(3)).wait()[0], torch.ones(3))
 
 
-def test_large_arguments_and_results_travel_whole_through_shared_memory_files(cluster, echo):
-    # Over INLINE_MAX a command or a result goes through a shared-memory file instead of the pipe, and its reader
-    # removes the file: none is left once the call returned.
+def test_large_arguments_and_results_travel_whole_through_shared_memory_blobs(cluster, echo):
+    # Over INLINE_MAX a command or a result goes through a pooled shared-memory blob instead of the pipe; its reader
+    # copies it out and frees it, so repeating the call reuses the blobs instead of adding segments.
     big = "".join(chr(65 + i % 26) for i in range(3 * INLINE_MAX))
     small = "s"
     assert echo.mirror(big).wait() == [(0, big[::-1]), (1, big[::-1])]
     assert echo.mirror(small).wait() == [(0, "s"), (1, "s")]  # both kinds, one after the other, in order
     assert echo.execute_on(1).mirror(big * 40).wait() == [(1, (big * 40)[::-1])]
-    assert not list(SHM_DIR.glob(f"{PREFIX}{cluster.run_id}_call_*"))
+    segments = set(SHM_DIR.glob(f"{PREFIX}{cluster.run_id}_msg_*"))
+    for _ in range(5):
+        assert echo.mirror(big).wait() == [(0, big[::-1]), (1, big[::-1])]
+    assert set(SHM_DIR.glob(f"{PREFIX}{cluster.run_id}_msg_*")) == segments
 
 
 def test_many_calls_in_flight_return_in_order_without_deadlock(echo):

@@ -11,7 +11,7 @@ import torch
 from conftest import write_config
 from PIL import Image
 
-from rlinf_mini.scheduler import channel as C
+from rlinf_mini.scheduler import codec as C
 from rlinf_mini.scheduler import tracer
 
 

@@ -1,146 +1,115 @@
-"""Cluster: the devices of this machine, and the processes started on them.
+"""Cluster: the devices and nodes a run has, the backend that starts ranks on them, and the run's cleanup.
 
-    cluster = Cluster(cfg.cluster)     # cfg.cluster.num_devices devices: GPUs if visible, else shares of the CPU
-    ...                                # WorkerGroup.launch(cluster, ...) calls cluster.allocate() once per rank
-    cluster.shutdown()                 # stops every group, the channel server, and removes the run's shared memory
+    cluster = Cluster(cfg.cluster)     # cfg.cluster.num_devices devices over cfg.cluster.num_nodes nodes
+    ...                                # WorkerGroup.launch(cluster, ...) asks rank_spec() for each rank
+    cluster.shutdown()                 # stops every group and the backend, removes the run's shared memory
 
-A process placed on GPU device d starts with CUDA_VISIBLE_DEVICES=d, so inside it the GPU is cuda:0 (RLinf binds GPUs
-the same way, through environment variables, not Ray resources); when the placement names more devices than there
-are GPUs, device d uses GPU d mod the GPU count. On a machine without GPUs, the CPU cores are split
-evenly over `cluster.num_devices` virtual devices; a process placed on virtual device d is pinned to that device's
-cores (sched_setaffinity) and gets as many torch threads, set before torch is imported in it. So the same YAML runs
-on a laptop and on a GPU box.
+Devices are numbered globally, as in RLinf: node n holds devices n*D ... n*D + D - 1 (D = num_devices / num_nodes).
+A rank placed on GPU device d gets CUDA_VISIBLE_DEVICES set to its GPU(s) before torch is imported in it, so inside it
+its GPU is cuda:0 (RLinf binds GPUs the same way, through environment variables); when the placement names more
+devices than a node has GPUs, device d uses GPU d mod the GPU count. Without GPUs, a node's CPU cores are split evenly
+over its D virtual devices; a rank on virtual device d is pinned to that device's cores and gets as many torch
+threads (local backend). So the same YAML runs on a laptop and on a GPU box, and on one backend or another
+(`cluster.backend`: backend.py).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py::Cluster` (a Ray-based singleton with node probes and manager
-actors). Left out: multiple nodes, node groups, Ray.
+actors). Left out: node groups, heterogeneous nodes.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
-import secrets
-import signal
-import socket
 import time
-from typing import Any
-
-import torch
-import torch.multiprocessing
 
 from rlinf_mini.config import ClusterConfig
 from rlinf_mini.scheduler import shm
-from rlinf_mini.scheduler.channel import ChannelServer
-from rlinf_mini.scheduler.worker import WorkerDiedError, worker_main
+from rlinf_mini.scheduler.backend import Backend, RankSpec
+from rlinf_mini.scheduler.placement import ProcessPlacement
 
 
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    """Set environment variables around a spawn: the child process inherits the environment at exec time."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def make_backend(cfg: ClusterConfig) -> Backend:
+    """The backend `cluster.backend` names (imported here, so a run pays only for the one it uses)."""
+    if cfg.backend == "inline":
+        from rlinf_mini.scheduler.inline import InlineBackend
 
+        return InlineBackend(cfg.timeout_s)
+    if cfg.backend == "ray":
+        from rlinf_mini.scheduler.ray_backend import RayBackend
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return RayBackend(cfg)
+    from rlinf_mini.scheduler.local import LocalBackend
+
+    return LocalBackend(cfg.timeout_s)
 
 
 class Cluster:
     def __init__(self, cfg: ClusterConfig):
+        import torch
+
         self.cfg = cfg
         self.num_gpus = torch.cuda.device_count()
         self.device_type = "cuda" if self.num_gpus else "cpu"
         self.num_devices = cfg.num_devices
+        self.num_nodes = cfg.num_nodes
+        self.devices_per_node = cfg.num_devices // cfg.num_nodes
         self.timeout_s = cfg.timeout_s
-        self.run_id = f"{os.getpid()}{secrets.token_hex(2)}"
-        self.mp_context = torch.multiprocessing.get_context("spawn")
-        self.channel_server = ChannelServer()
+        self.run_id = shm.new_run_id()
+        shm.sweep_dead_runs()  # segments of earlier runs whose driver was killed (kill -9 leaves them behind)
+        os.environ["RLINF_MINI_RUN_ID"] = self.run_id  # the driver's own channel segments carry the run id too
         self.groups: list = []
         self._cores = sorted(os.sched_getaffinity(0))
         self._closed = False
-        os.environ["RLINF_MINI_RUN_ID"] = self.run_id  # the driver's own channel segments carry the run id too
+        self.backend = make_backend(cfg)
         atexit.register(self.shutdown)
 
     def device_cores(self, device: int) -> list[int]:
-        """The CPU cores of virtual device `device`: an even share, or one shared core when devices outnumber cores."""
-        n, d = len(self._cores), self.num_devices
+        """The CPU cores of virtual device `device` on its node: an even share, or one shared core when the node's
+        devices outnumber its cores (every node is taken to have this machine's cores)."""
+        n, d, local = len(self._cores), self.devices_per_node, device % self.devices_per_node
         if d >= n:
-            return [self._cores[device % n]]
-        return self._cores[device * n // d : (device + 1) * n // d]
+            return [self._cores[local % n]]
+        return self._cores[local * n // d : (local + 1) * n // d]
 
-    def allocate(self, group, placement, cmd_pipe, result_pipe) -> Any:
-        """Start the process of one rank of `group` on `placement.devices`."""
-        if not self.groups or self.groups[-1] is not group:
-            self.groups.append(group)
-            group._master_port = _free_port()  # rendezvous of the group's torch.distributed process group
-        env = {
-            "RANK": str(placement.rank),
-            "WORLD_SIZE": str(group.world_size),
-            "LOCAL_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(group._master_port),
-            "RLINF_MINI_GROUP": group.name,
-            "RLINF_MINI_RUN_ID": self.run_id,
-        }
-        cores = None
+    def rank_spec(self, group, placement: ProcessPlacement) -> RankSpec:
+        """Where and how one rank of `group` starts: its node, its GPUs or CPU cores, its environment."""
+        node = placement.devices[0] // self.devices_per_node
+        env = {"RANK": str(placement.rank), "WORLD_SIZE": str(group.world_size), "RLINF_MINI_GROUP": group.name,
+               "RLINF_MINI_RUN_ID": self.run_id}
+        gpus: tuple[str, ...] = ()
+        cores: tuple[int, ...] = ()
         if self.device_type == "cuda":
-            gpus = sorted({d % self.num_gpus for d in placement.devices})  # more devices than GPUs: they share
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            # more devices than GPUs: they share
+            gpus = tuple(str(i) for i in sorted({d % self.num_gpus for d in placement.devices}))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         else:
-            cores = sorted({c for d in placement.devices for c in self.device_cores(d)})
+            cores = tuple(sorted({c for d in placement.devices for c in self.device_cores(d)}))
             env |= {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(cores)), "MKL_NUM_THREADS": str(len(cores))}
         # OpenMP threads spin after each parallel region by default; with several processes sharing cores that
         # spinning starves the others (a 400 KB copy measured 8 ms instead of 30 us). Passive threads sleep instead.
         env["OMP_WAIT_POLICY"] = "PASSIVE"
-        proc = self.mp_context.Process(
-            target=worker_main,
-            args=(group.cls.__module__, group.cls.__qualname__, group.cfg, group.args, cores, cmd_pipe, result_pipe),
-            name=f"{group.name}:{placement.rank}",
-            daemon=True,
-        )
-        with _environ(env):
-            proc.start()
-        return proc
+        return RankSpec(group_name=group.name, rank=placement.rank, world_size=group.world_size,
+                        cls_module=group.cls.__module__, cls_name=group.cls.__qualname__, cfg=group.cfg,
+                        args=group.args, devices=placement.devices, node=node, gpus=gpus, cores=cores, env=env)
 
     def check_workers(self) -> None:
-        """Raise if any worker process of any group has exited (a worker only exits when told to), or if any pending
-        call of any group failed."""
+        """Raise if any rank of any group has ended (a rank only ends when told to), or if any pending call of any
+        group failed."""
         for group in self.groups:
-            if group._closed:
-                continue
-            for rank, proc in enumerate(group.procs):
-                if proc.exitcode is not None:
-                    group._drain()  # a constructor failure carries a traceback: raise that instead
-                    code = proc.exitcode
-                    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                    raise WorkerDiedError(f"{group.name} rank {rank} (pid {proc.pid}) died with {how}")
+            group._check_alive()
         for group in self.groups:  # a call that failed in another group ends this wait too
             if not group._closed:
                 group._drain()
                 group._raise_failed_call()
 
     def kill_now(self) -> None:
-        """The second Ctrl-C: SIGKILL every worker at once and remove the run's shared memory (no grace period)."""
+        """The second Ctrl-C: kill every rank at once and remove the run's shared memory (no grace period)."""
         for group in self.groups:
-            for proc in group.procs:
-                if proc.exitcode is None:
-                    with contextlib.suppress(OSError):
-                        os.kill(proc.pid, signal.SIGKILL)
+            group._ranks.kill()
         shm.sweep(self.run_id)
 
     def shutdown(self) -> None:
-        """Stop every worker group, the channel server, and remove the run's shared memory. Idempotent."""
+        """Stop every worker group and the backend, and remove the run's shared memory. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -150,10 +119,10 @@ class Cluster:
         deadline = time.monotonic() + 3.0
         for group in self.groups:
             group.finish_stop(deadline)
-        self.channel_server.close()
-        from rlinf_mini.scheduler.channel import close_process_resources
+        self.backend.shutdown()
+        from rlinf_mini.scheduler import codec
 
-        close_process_resources()
+        codec.close_process_resources()
         shm.sweep(self.run_id)
         if os.environ.get("RLINF_MINI_RUN_ID") == self.run_id:
             del os.environ["RLINF_MINI_RUN_ID"]

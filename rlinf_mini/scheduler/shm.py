@@ -4,7 +4,8 @@ A segment is a file in /dev/shm mapped into every process that opens it by name,
 worker is read by another at memory speed. We use plain files (not `multiprocessing.shared_memory`) because Python
 3.11's resource tracker unlinks segments when *any* attaching process exits, and warns about the rest. Every name
 starts with `rlmini_<run_id>_`, so the driver can remove all of a run's segments at shutdown, after a crash of a
-worker, or at Ctrl-C: `sweep(run_id)`.
+worker, or at Ctrl-C: `sweep(run_id)`. A run id starts with its driver's pid, so the next run removes what a run whose
+driver was killed (kill -9: no cleanup ran) left behind: `sweep_dead_runs()`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -22,9 +24,14 @@ PREFIX = "rlmini_"
 _counter = itertools.count()
 
 
+def new_run_id() -> str:
+    """'<driver pid>-<4 hex digits>': unique among runs, and it names the process whose death orphans the run."""
+    return f"{os.getpid()}-{secrets.token_hex(2)}"
+
+
 def run_id() -> str:
     """The current run's id: set by the driver (Cluster) in every worker's environment."""
-    return os.environ.get("RLINF_MINI_RUN_ID", f"solo{os.getpid()}")
+    return os.environ.get("RLINF_MINI_RUN_ID", f"{os.getpid()}-solo")
 
 
 class SharedSegment:
@@ -82,3 +89,30 @@ def sweep(run: str) -> int:
     for name in names:
         unlink(name)
     return len(names)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def sweep_dead_runs() -> int:
+    """Remove the segments of every run whose driver process is gone (its workers died with it). Returns the count."""
+    dead: dict[int, bool] = {}
+    removed = 0
+    for path in SHM_DIR.glob(f"{PREFIX}*"):
+        pid_text = path.name[len(PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        if pid not in dead:
+            dead[pid] = not _alive(pid)
+        if dead[pid]:
+            unlink(path.name)
+            removed += 1
+    return removed

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,14 @@ def enable(on: bool = True) -> None:
     _who = (group, int(os.environ.get("RANK", "0"))) if group else ("driver", 0)
 
 
+_thread = threading.local()  # inline backend: each rank is a thread of the driver and names itself here
+
+
+def set_thread_identity(component: str, rank: int) -> None:
+    """Spans recorded by this thread belong to (component, rank) (the inline backend's rank threads)."""
+    _thread.who = (component, rank)
+
+
 def enabled() -> bool:
     return _enabled
 
@@ -59,7 +68,8 @@ def span(name: str, stage: int = -1, component: str | None = None) -> Iterator[N
     try:
         yield
     finally:
-        _spans.append((component or _who[0], _who[1], name, stage, start, time.monotonic_ns()))
+        who = getattr(_thread, "who", _who)
+        _spans.append((component or who[0], who[1], name, stage, start, time.monotonic_ns()))
 
 
 def drain() -> list[Span]:

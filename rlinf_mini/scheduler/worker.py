@@ -4,95 +4,36 @@
     results = actor.run_training().wait()      # runs on every rank; returns [rank 0 result, rank 1 result, ...]
     actor.execute_on(0).save_checkpoint(path).wait()   # only rank 0
 
-Each rank is one process (torch.multiprocessing, spawn), started by `Cluster.allocate` with its device pinned before
-torch is imported. The driver talks to a rank through two pipes created at spawn: commands in (pickled tuples: call
-id, method name, arguments) and results out. Each message is one write on the pipe, with no thread in between (a
-multiprocessing.Queue hands every message to a feeder thread on each side: on 4 ranks that made a no-op call 664 us);
-a message over INLINE_MAX goes through a shared-memory file instead, so every pipe write is small and atomic. A
-driver whose command pipe is full reads results while it waits for room, so driver and worker never wait for each
-other. Data between workers does not go through here: it goes through a `Channel` passed as an argument. A call
-returns a `GroupFuture` at once, so calls on different groups run at the same time (`env.interact(...)` and
-`rollout.generate(...)` together make the rollout pipeline). `.wait()` raises
+How a rank runs is the backend's business (backend.py: a process, a thread of the driver, a Ray actor); this module
+is the same on all of them. A call returns a `GroupFuture` at once, so calls on different groups run at the same
+time (`env.interact(...)` and `rollout.generate(...)` together make the rollout pipeline). `.wait()` raises
 `WorkerError` with the group, rank and the worker's traceback if one rank raised, and `WorkerDiedError` if any
-worker of the cluster died, so a crash anywhere ends every wait within a poll interval.
+worker of the cluster died, so a crash anywhere ends every wait within a poll interval. Data between workers does
+not go through here: it goes through a `Channel` passed as an argument.
 
 RLinf counterpart: `rlinf/scheduler/worker/worker.py::Worker` and `worker_group.py::WorkerGroup`,
-`WorkerGroupFuncResult`. Left out: Ray, P2P send/recv (Channels do that job here), per-method concurrency. Another
-backend (in-process for debugging, Ray for multi-node) would implement `launch`, `_submit` and `_collect` again.
+`WorkerGroupFuncResult`. Left out: P2P send/recv (Channels do that job here), per-method concurrency.
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
+import importlib
 import itertools
-import os
-import pickle
-import select
-import signal
 import sys
 import threading
 import time
 import traceback
-from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from rlinf_mini.scheduler import faults, tracer
+from rlinf_mini.scheduler.backend import RankSpec
 
 POLL_S = 0.1  # how often a waiting driver checks that every worker is alive
 # A group call's default wait is cluster.timeout_s plus this margin, so that a worker's own timeout (a channel get,
 # which names the key and the producer it waited for) reaches the driver before the driver's vaguer one.
 WAIT_MARGIN_S = 5.0
 START_MIN_S = 60.0  # a worker's start (spawn, import torch, constructor) may take this long even with a short timeout
-INLINE_MAX = 4000  # larger command or result pickles go through a shared-memory file; the pipe carries its name
-# (a message of at most PIPE_BUF = 4096 bytes is written atomically)
-_PIPE_BYTES = 1 << 20  # pipe buffers are raised to this (Linux's default pipe-max-size) where allowed
-
-
-def _send(conn: Connection, payload: bytes) -> None:
-    """One message on a pipe: b"P" + the pickle, or b"F" + the name of a shared-memory file holding it."""
-    if len(payload) <= INLINE_MAX:
-        conn.send_bytes(b"P" + payload)
-        return
-    from rlinf_mini.scheduler import shm  # here, not at the top: it imports torch, which a worker imports after pinning
-
-    seg = shm.SharedSegment.create(len(payload), tag="call")
-    seg._mmap[:] = payload  # one copy; the receiver removes the file once it has read it
-    seg.owner = False  # closing our mapping must not remove the file before the receiver has it
-    seg.close()
-    conn.send_bytes(b"F" + pickle.dumps((seg.name, len(payload))))
-
-
-def _decode(msg: bytes) -> Any:
-    """The object `_send` sent, from the bytes read off the pipe."""
-    if msg[:1] == b"P":
-        return pickle.loads(msg[1:])
-    from rlinf_mini.scheduler import shm
-
-    name, size = pickle.loads(msg[1:])
-    seg = shm.SharedSegment.attach(name, size)
-    payload = seg._mmap[:]  # a bytes copy, so the mapping can close at once
-    seg.close()
-    shm.unlink(name)
-    return pickle.loads(payload)
-
-
-def _writable(conn: Connection) -> bool:
-    """Whether a message of up to PIPE_BUF bytes can be written without blocking (or the reader is gone, so the
-    write fails at once)."""
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLOUT)
-    return bool(poller.poll(0))
-
-
-def _pipe(ctx) -> tuple[Connection, Connection]:
-    """(reader, writer) of a new pipe, its buffer raised so that hundreds of small messages fit in it."""
-    r, w = ctx.Pipe(duplex=False)
-    try:
-        fcntl.fcntl(w.fileno(), 1031, _PIPE_BYTES)  # F_SETPIPE_SZ (Linux)
-    except OSError:
-        pass  # the default 64 KiB still holds 16 messages of INLINE_MAX
-    return r, w
 
 
 class WorkerError(RuntimeError):
@@ -107,7 +48,7 @@ class Worker:
     """Base class of every worker. Subclasses take `cfg` (and optional arguments) and define public methods.
 
     The runtime sets, before `__init__` runs: `self._rank`, `self._world_size`, `self._group_name` and
-    `self.device` (a torch.device: the process's own GPU as cuda:0, or the CPU).
+    `self.device` (a torch.device: the rank's own GPU, or the CPU).
     """
 
     def __init__(self, cfg: Any):
@@ -194,11 +135,7 @@ class WorkerGroup:
     def __init__(self, cls: type, cfg: Any, args: tuple):
         self.cls, self.cfg, self.args = cls, cfg, args
         self.name = cls.__name__
-        self.procs: list = []
-        self._cmd_pipes: list[Connection] = []  # driver's writing end, one per rank
-        self._result_pipes: list[Connection] = []  # driver's reading end, one per rank
-        self._open_results: list[Connection] = []  # those not at EOF (a dead worker's pipe is dropped)
-        self._read_lock = threading.Lock()  # driver threads (channel gets watching the workers) drain together
+        self._ranks = None  # the backend's GroupRanks, once launched
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._call_ids = itertools.count(1)
         self._methods: dict[int, str] = {}  # call id -> method name, while the call is pending
@@ -206,26 +143,24 @@ class WorkerGroup:
         self._ready: set[int] = set()  # ranks whose worker finished its constructor
         self._all_ready_at = 0.0  # when the last of them did (a call's clock starts no earlier)
         self._closed = False  # no more calls accepted
-        self._stopped = False  # processes joined and pipes closed
+        self._stopped = False  # ranks joined
 
     def launch(self, cluster, placement_strategy, name: str | None = None) -> WorkerGroup:
-        """Start one process per placement rank; returns at once (failures surface at the first wait)."""
+        """Start one rank per placement (a process, a thread or a Ray actor: cluster.backend); returns at once
+        (failures surface at the first wait)."""
         self.cluster = cluster
         self.name = name or self.name
         self.world_size = placement_strategy.world_size
         self._launched_at = time.monotonic()
-        ctx = cluster.mp_context
-        for p in placement_strategy.placements:
-            cmd_r, cmd_w = _pipe(ctx)
-            res_r, res_w = _pipe(ctx)
-            proc = cluster.allocate(self, p, cmd_r, res_w)
-            cmd_r.close()  # the child has its own copies now: a dead child's pipe then reads EOF
-            res_w.close()
-            self._cmd_pipes.append(cmd_w)
-            self._result_pipes.append(res_r)
-            self.procs.append(proc)
-        self._open_results = list(self._result_pipes)
+        specs = [cluster.rank_spec(self, p) for p in placement_strategy.placements]
+        self._ranks = cluster.backend.launch(self, specs)
+        cluster.groups.append(self)
         return self
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The process id of each rank (the driver's own on the inline backend)."""
+        return self._ranks.pids
 
     # Dynamic forwarding, in this one place: `group.run_training(...)` submits `run_training` to every rank.
     # Only public methods of the worker class are forwarded, so a typo is still an AttributeError.
@@ -243,49 +178,24 @@ class WorkerGroup:
             raise RuntimeError(f"{self.name} is shut down; cannot call {method}()")
         call_id = next(self._call_ids)
         self._methods[call_id] = method
-        payload = bytes(ForkingPickler.dumps((call_id, method, args, kwargs)))  # once for all ranks
-        for r in ranks:
-            conn = self._cmd_pipes[r]
-            # A full command pipe means the worker is busy and, maybe, blocked writing results nobody reads: read
-            # them while waiting, or driver and worker would each wait for the other.
-            deadline = time.monotonic() + self.cluster.timeout_s + WAIT_MARGIN_S
-            while not _writable(conn):
-                self._drain(block_s=POLL_S)
-                self.cluster.check_workers()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.name} rank {r} took no command for {method}() within "
-                                       f"{self.cluster.timeout_s + WAIT_MARGIN_S:g} s (its command pipe stayed full)")
-            try:
-                _send(conn, payload)
-            except OSError:  # the worker is gone: the wait reports its death, with its exit code
-                pass
+        self._ranks.submit(ranks, call_id, method, args, kwargs)
         return GroupFuture(self, call_id, method, ranks)
 
     def _drain(self, block_s: float = 0.0) -> None:
         """Move every result that has arrived into `_results`, waiting up to `block_s` for the first one; a failed
-        worker construction raises at once."""
-        if block_s and self._open_results:
-            try:
-                wait(self._open_results, block_s)  # outside the lock; the reads below only take what poll() shows
-            except (OSError, ValueError):  # closed by a shutdown in another thread
-                return
-        with self._read_lock:
-            for conn in list(self._open_results):
-                while conn.poll():
-                    try:
-                        raw = conn.recv_bytes()
-                    except (EOFError, OSError):  # the worker exited; Cluster.check_workers reports its exit code
-                        self._open_results.remove(conn)
-                        break
-                    call_id, rank, ok, value = _decode(raw)
-                    if call_id == 0 and not ok:  # the worker's constructor raised; the process is exiting
-                        raise WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
-                    if call_id == 0:  # the worker is up: it started, imported torch and ran its constructor
-                        self._ready.add(rank)
-                        if len(self._ready) == self.world_size:
-                            self._all_ready_at = time.monotonic()
-                    elif call_id not in self._abandoned:
-                        self._results.setdefault(call_id, {})[rank] = (ok, value)
+        worker construction raises (after the other results are stored)."""
+        failed_start = None
+        for call_id, rank, ok, value in self._ranks.results(block_s):
+            if call_id == 0 and not ok:  # the worker's constructor raised; the rank is exiting
+                failed_start = failed_start or WorkerError(f"{self.name} rank {rank} failed to start:\n{value}")
+            elif call_id == 0:  # the worker is up: it started, imported torch and ran its constructor
+                self._ready.add(rank)
+                if len(self._ready) == self.world_size:
+                    self._all_ready_at = time.monotonic()
+            elif call_id not in self._abandoned:
+                self._results.setdefault(call_id, {})[rank] = (ok, value)
+        if failed_start is not None:
+            raise failed_start
 
     def _raise_failed_call(self) -> None:
         """Raise the failure of any pending call, waited on or not: while the driver waits for the actor, an env
@@ -297,13 +207,24 @@ class WorkerGroup:
                     self._abandon(call_id)
                     raise WorkerError(f"{self.name} rank {rank} raised in {method}():\n{value}")
 
+    def _check_alive(self) -> None:
+        """Raise WorkerDiedError if a rank ended without being asked to (a constructor failure raises its own)."""
+        if self._closed:
+            return
+        for rank in range(self.world_size):
+            how = self._ranks.exit_status(rank)
+            if how is not None:
+                self._drain()  # a constructor failure carries a traceback: raise that instead
+                pid = self._ranks.pids[rank]
+                raise WorkerDiedError(f"{self.name} rank {rank} (pid {pid}) died with {how}")
+
     def _abandon(self, call_id: int) -> None:
         self._abandoned.add(call_id)
         self._results.pop(call_id, None)
         self._methods.pop(call_id, None)
 
     def _collect(self, fut: GroupFuture, timeout: float, why: str = "") -> list[Any]:
-        # Starting a process (spawn, import torch, constructor) takes seconds, many on a loaded machine; it has its
+        # Starting a rank (spawn, import torch, constructor) takes seconds, many on a loaded machine; it has its
         # own budget, and a call's clock starts once every rank is up, so a short timeout_s does not fail the start.
         submitted = time.monotonic()
         self._drain()
@@ -346,30 +267,14 @@ class WorkerGroup:
         if self._closed:
             return
         self._closed = True
-        for conn in self._cmd_pipes:
-            try:
-                conn.send_bytes(b"")  # the stop message
-            except OSError:
-                pass
+        self._ranks.request_stop()
 
     def finish_stop(self, deadline: float) -> None:
-        """Phase 2: wait until `deadline` for the ranks to exit, then SIGTERM, then SIGKILL the rest."""
+        """Phase 2: wait until `deadline` for the ranks to exit, then terminate and kill the rest."""
         if self._stopped:
             return
         self._stopped = True
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(2.0)
-        with self._read_lock:
-            self._open_results = []
-            for conn in [*self._cmd_pipes, *self._result_pipes]:
-                conn.close()
+        self._ranks.finish_stop(deadline)
 
 
 class _RankSelection:
@@ -382,90 +287,52 @@ class _RankSelection:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Inside the worker process
+# Inside a rank (every backend): build the worker, run its calls
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the driver dies, so that no worker is ever orphaned."""
+def build_worker(spec: RankSpec, device, make_collective) -> Worker:
+    """Construct the rank's worker: runtime attributes first, then the class's own __init__ (an injected fault with
+    method=__init__ fires before it)."""
+    cls = getattr(importlib.import_module(spec.cls_module), spec.cls_name)
+    worker = cls.__new__(cls)
+    worker._rank, worker._world_size, worker._group_name = spec.rank, spec.world_size, spec.group_name
+    worker.device = device
+    worker._make_collective = make_collective
+    worker._fault = faults.for_this_worker(spec.group_name, spec.rank)  # None unless RLMINI_FAULT names this rank
+    if worker._fault is not None:
+        faults.before_call(worker._fault, "__init__")
+    worker.__init__(spec.cfg, *spec.args)
+    return worker
+
+
+def run_call(worker: Worker, method: str, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    """Run one call on the rank's worker: (True, result) or (False, the traceback as text)."""
+    fault = worker._fault
     try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass  # not Linux: the command loop below notices the parent's death instead
-
-
-def worker_main(cls_module: str, cls_name: str, cfg: Any, args: tuple, cores: list[int] | None,
-                cmd_pipe: Connection, result_pipe: Connection) -> None:
-    """Entry point of a worker process. The environment (CUDA_VISIBLE_DEVICES, RANK, ...) was set at spawn."""
-    torch_before_pinning = "torch" in sys.modules  # must stay False: tests check that pinning came first
-    _die_with_parent()
-    parent = os.getppid()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the driver, which stops the workers
-    if cores:
-        os.sched_setaffinity(0, cores)
-    rank = int(os.environ["RANK"])
-    try:
-        import importlib
-
-        import torch
-        import torch.multiprocessing  # noqa: F401  (registers tensor sharing for the results' ForkingPickler)
-
-        from rlinf_mini.scheduler.collective import TorchDistCollective
-
-        if cores:
-            torch.set_num_threads(len(cores))
-        cls = getattr(importlib.import_module(cls_module), cls_name)
-        worker = cls.__new__(cls)
-        worker._rank, worker._world_size = rank, int(os.environ["WORLD_SIZE"])
-        worker._group_name = os.environ["RLINF_MINI_GROUP"]
-        worker._torch_before_pinning = torch_before_pinning
-        worker.device = torch.device("cuda:0" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
-        worker._make_collective = lambda timeout_s: TorchDistCollective(rank, worker._world_size, worker.device,
-                                                                       timeout_s)
-        fault = faults.for_this_worker(worker._group_name, rank)  # None unless RLMINI_FAULT names this worker
         if fault is not None:
-            faults.before_call(fault, "__init__")
-        worker.__init__(cfg, *args)
-        _send(result_pipe, pickle.dumps((0, rank, True, None)))  # up and ready for calls
+            faults.before_call(fault, method)
+        with tracer.span(method):  # the whole call; its waits are recorded inside it
+            result = (True, getattr(worker, method)(*args, **kwargs))
     except BaseException:
-        _send(result_pipe, pickle.dumps((0, rank, False, traceback.format_exc())))
-        sys.exit(1)
+        result = (False, traceback.format_exc())
+    if fault is not None:
+        faults.disarm()
+    return result
 
-    from rlinf_mini.scheduler.channel import close_process_resources
 
+_turn = threading.local()  # inline backend: how the running rank thread gives up and takes back its turn
+
+
+@contextlib.contextmanager
+def waiting_for_others():
+    """Wrap a wait for another rank (a weight-version stamp, a barrier). With one process per rank it does nothing;
+    on the inline backend, where ranks are threads of one process taking turns, the others run meanwhile."""
+    give = getattr(_turn, "give", None)
+    if give is None:
+        yield
+        return
+    give()
     try:
-        while True:
-            if not cmd_pipe.poll(1.0):
-                if os.getppid() != parent:
-                    break
-                continue
-            try:
-                raw = cmd_pipe.recv_bytes()
-            except EOFError:  # the driver is gone
-                break
-            if not raw:  # the stop message
-                break
-            call_id, method, margs, mkwargs = _decode(raw)
-            try:
-                if fault is not None:
-                    faults.before_call(fault, method)
-                with tracer.span(method):  # the whole call; its waits are recorded inside it
-                    result = (True, getattr(worker, method)(*margs, **mkwargs))
-            except BaseException:
-                result = (False, traceback.format_exc())
-            if fault is not None:
-                faults.disarm()
-            try:
-                # Pickled apart from the send, so that an unpicklable result becomes the call's error.
-                payload = bytes(ForkingPickler.dumps((call_id, rank, *result)))
-            except Exception:
-                why = f"the result of {method}() cannot be pickled:\n{traceback.format_exc()}"
-                payload = bytes(ForkingPickler.dumps((call_id, rank, False, why)))
-            _send(result_pipe, payload)
+        yield
     finally:
-        try:
-            worker.close()
-        finally:
-            close_process_resources()
-        result_pipe.close()
+        _turn.take()
