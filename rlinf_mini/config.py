@@ -49,8 +49,8 @@ class ClusterConfig:
     'ray': a Ray actor per rank, on one machine or a Ray cluster (pip install -e ".[ray]"). RLinf always uses Ray."""
     ray_address: str = ""
     """rlinf_mini, backend 'ray': '' starts a private Ray instance for the run (stopped at its end); 'auto' or
-    'HOST:PORT' joins a running cluster (`ray start --head` on the first machine, `ray start --address=HOST:PORT` on
-    the others), which the run leaves running."""
+    'HOST:PORT' joins a running cluster (started with `ray start` on each machine; README: Backends), which the run
+    leaves running."""
     component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
     """Component(s) -> devices, in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes' ('0-1:0-3' = 4 processes
     on 2 devices). A key may name several components ('env,rollout,actor')."""

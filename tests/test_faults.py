@@ -76,6 +76,14 @@ CASES = {
     # the env hangs, so a clean stop must wait out the grace period; the second Ctrl-C skips it
     "second_ctrl_c": Case(130, "group=EnvGroup,method=interact,call=3,kind=hang", {"runner": {"max_epochs": 1000}},
                           signals=(signal.SIGINT, signal.SIGINT)),
+    # the inline backend (every rank a thread of the driver) reports and stops the same way
+    "raise_in_actor_rank1_inline": Case(
+        1, "group=ActorGroup,rank=1,method=compute_advantages_and_returns,call=2,kind=raise",
+        {**DATA_PARALLEL, "cluster": {**DATA_PARALLEL["cluster"], "backend": "inline"}}),
+    "hang_env_inline": Case(1, "group=EnvGroup,method=interact,call=2,kind=hang",
+                            {"cluster": {"timeout_s": 8, "backend": "inline"}}),
+    "ctrl_c_inline": Case(130, None, {"runner": {"max_epochs": 1000}, "cluster": {"backend": "inline"}},
+                          signals=(signal.SIGINT,)),
 }
 
 
@@ -200,9 +208,10 @@ def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
 
 
-def assert_clean_end(run: Run, max_seconds: float = 30.0) -> None:
+def assert_clean_end(run: Run, max_seconds: float = 30.0, inline: bool = False) -> None:
     assert run.seconds <= max_seconds, f"the run took {run.seconds:.1f} s"
-    assert run.spawned, "no worker was ever seen: the case did not run"
+    assert inline or run.spawned, "no worker was ever seen: the case did not run"
+    assert not inline or not run.spawned, "the inline backend started worker processes"
     assert run.leftover == set(), f"processes outlived the run: {run.leftover}"
     assert run.segments == [], f"shared memory outlived the run: {run.segments}"
 
@@ -223,18 +232,20 @@ def test_worker_death_is_one_line_with_group_rank_pid_and_how(runs, name, group,
     assert_clean_end(run)
 
 
-def test_worker_exception_carries_traceback_group_and_rank(runs):
-    run = runs["raise_in_actor_rank1"]
+@pytest.mark.parametrize("name", ["raise_in_actor_rank1", "raise_in_actor_rank1_inline"])
+def test_worker_exception_carries_traceback_group_and_rank(runs, name):
+    run = runs[name]
     assert run.returncode == 1
     assert "error: ActorGroup rank 1 raised in compute_advantages_and_returns()" in run.stderr
     assert "Traceback" in run.stderr and "FaultInjected: injected fault in compute_advantages_and_returns() call 2" \
         in run.stderr
     assert run.exit_time - fault_time(run.stderr) < 10
-    assert_clean_end(run)
+    assert_clean_end(run, inline=name.endswith("inline"))
 
 
-def test_hang_becomes_a_timeout_naming_the_channel_key_and_the_producer(runs):
-    run = runs["hang_env"]
+@pytest.mark.parametrize("name", ["hang_env", "hang_env_inline"])
+def test_hang_becomes_a_timeout_naming_the_channel_key_and_the_producer(runs, name):
+    run = runs[name]
     assert run.returncode == 1
     (line,) = error_lines(run.stderr)
     # the actor waited for its trajectories from the (hung) env: the key, the channel and the producer are named
@@ -242,7 +253,7 @@ def test_hang_becomes_a_timeout_naming_the_channel_key_and_the_producer(runs):
     assert re.search(r"ChannelTimeout: channel 'ActorGroup\.Actor' key \('traj', \d\): nothing arrived within 8 s, "
                      r"expected from EnvGroup rank 0", run.stderr), run.stderr
     assert 8 <= run.exit_time - fault_time(run.stderr) < 8 + 10
-    assert_clean_end(run)
+    assert_clean_end(run, inline=name.endswith("inline"))
 
 
 def test_nan_loss_stops_the_run_naming_step_and_rank_and_no_checkpoint_holds_it(runs):
@@ -291,6 +302,15 @@ def test_sigterm_stops_every_worker_and_keeps_the_last_checkpoint(runs):
     state = torch.load(ckpt / "actor" / "actor.pt", weights_only=True)
     assert state["model"] and (ckpt / "rng.pt").is_file()
     assert_clean_end(run)
+
+
+def test_ctrl_c_on_the_inline_backend_stops_the_run(runs):
+    run = runs["ctrl_c_inline"]
+    assert run.returncode == 130, run.stderr
+    assert "interrupted: all workers stopped (SIGINT)" in run.stderr
+    assert run.exit_time - run.signal_times[0] < 10
+    assert (find_latest_checkpoint(run.run_dir) / "rng.pt").is_file()
+    assert_clean_end(run, inline=True)
 
 
 def test_second_ctrl_c_kills_at_once(runs):

@@ -68,3 +68,20 @@ class BrokenWorker(Worker):
 
     def info(self):
         return None
+
+
+class KillsItselfWhilePickled:
+    """A result whose pickling kills the process that pickles it (a worker dying halfway through writing a result)."""
+
+    def __reduce__(self):
+        os.kill(os.getpid(), 9)
+
+
+class DebugWorker(Worker):
+    def stop_here(self, x: int) -> int:
+        y = x + self._rank
+        breakpoint()  # the inline backend runs this in the driver's process: a debugger stops here
+        return y
+
+    def die_while_returning(self):
+        return KillsItselfWhilePickled()
