@@ -116,10 +116,10 @@ class Cluster:
         # All groups stop together, so a worker stuck in a channel get costs one grace period, not one per group.
         for group in self.groups:
             group.request_stop()
+        self.backend.shutdown()  # closes the channels: a rank blocked in a get ends it now, not at the deadline
         deadline = time.monotonic() + 3.0
         for group in self.groups:
             group.finish_stop(deadline)
-        self.backend.shutdown()
         from rlinf_mini.scheduler import codec
 
         codec.close_process_resources()

@@ -1,0 +1,159 @@
+"""Per backend (scheduler/backend.py): a group call's round trip, channel throughput, and the runner's rollout speed,
+each beside the raw figure of the layer below it (for inline: a direct call, a queue.Queue, a tensor clone).
+
+    python -m benchmarks --only backends       # local and inline (ray: benchmarks/ray_backend.py)
+
+Every figure is the median of `reps` repetitions, the backends interleaved (local, inline, local, ...), so that a
+machine's drift hits both alike; the spread (min-max over the repetitions) is in the note.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import tempfile
+import time
+
+import torch
+
+from benchmarks.measure import Row
+from rlinf_mini.config import ClusterConfig, load_config
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.cluster import Cluster
+from rlinf_mini.scheduler.placement import PlacementStrategy, ProcessPlacement
+from rlinf_mini.scheduler.worker import Worker
+
+BACKENDS = ("local", "inline")
+LARGE = (64, 3, 64, 64)  # uint8, 786 KB: a batch of camera images
+SMALL = {"a": 1.0, "b": 2, "c": "x", "d": (1, 2)}
+
+
+class BenchWorker(Worker):
+    def noop(self) -> None:
+        return None
+
+    def produce(self, ch: Channel, n: int, large: bool) -> None:
+        item = torch.randint(0, 255, LARGE, dtype=torch.uint8) if large else dict(SMALL)
+        for _ in range(n):
+            ch.put(item, key="k")
+
+
+def _strategy(ranks: int) -> PlacementStrategy:
+    return PlacementStrategy("bench", tuple(ProcessPlacement(r, (r % 2,)) for r in range(ranks)))
+
+
+def _spread(values: list[float]) -> str:
+    return f"median of {len(values)}, spread {min(values):.3g}-{max(values):.3g}"
+
+
+def _call_rtt_us(group, ranks: int, n: int) -> float:
+    call = group.execute_on(0).noop if ranks == 1 else group.noop
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call().wait()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def _channel_rate(cluster, group, n: int, large: bool) -> float:
+    """Items/s from a rank to the driver over a channel (the first item pays the start, it is not counted)."""
+    ch = Channel.create(f"bench{time.monotonic_ns()}", cluster, maxsize=4)
+    fut = group.execute_on(0).produce(ch, n + 1, large)
+    ch.get(key="k")
+    start = time.perf_counter()
+    for _ in range(n):
+        ch.get(key="k")
+    seconds = time.perf_counter() - start
+    fut.wait()
+    return n / seconds
+
+
+def _direct_call_us(n: int) -> float:
+    worker = BenchWorker.__new__(BenchWorker)
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        worker.noop()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def _queue_rate(n: int, large: bool) -> float:
+    """A queue.Queue in one process, with the clone an inline channel makes of a tensor: the layer below."""
+    q: queue.Queue = queue.Queue(4)
+    item = torch.randint(0, 255, LARGE, dtype=torch.uint8) if large else dict(SMALL)
+    start = time.perf_counter()
+    for _ in range(n):
+        q.put(item.clone() if large else dict(item))
+        q.get()
+    return n / (time.perf_counter() - start)
+
+
+def calls_and_channels(n_calls: int, n_small: int, n_large: int, reps: int = 3) -> list[Row]:
+    figures: dict[tuple[str, str], list[float]] = {}
+    for _ in range(reps):
+        for backend in BACKENDS:
+            cluster = Cluster(ClusterConfig(num_devices=2, timeout_s=60, backend=backend))
+            try:
+                group = BenchWorker.create_group(None).launch(cluster, _strategy(4), name="Bench")
+                group.noop().wait()  # start-up
+                for ranks in (1, 4):
+                    figures.setdefault((backend, f"call{ranks}"), []).append(_call_rtt_us(group, ranks, n_calls))
+                figures.setdefault((backend, "small"), []).append(_channel_rate(cluster, group, n_small, False))
+                figures.setdefault((backend, "large"), []).append(
+                    _channel_rate(cluster, group, n_large, True) * torch.Size(LARGE).numel() / 1e9)
+            finally:
+                cluster.shutdown()
+        figures.setdefault(("raw", "call"), []).append(_direct_call_us(n_calls))
+        figures.setdefault(("raw", "small"), []).append(_queue_rate(n_small, False))
+        figures.setdefault(("raw", "large"), []).append(_queue_rate(n_large, True) * torch.Size(LARGE).numel() / 1e9)
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    rows = []
+    for backend in BACKENDS:
+        for ranks in (1, 4):
+            ours = med[(backend, f"call{ranks}")]
+            rows.append(Row(f"{backend}: group call round trip, {ranks} rank{'s' * (ranks > 1)}", "us", ours,
+                            med[("raw", "call")], "a direct method call", ratio=ours / med[("raw", "call")],
+                            ratio_of="ours/direct", note=_spread(figures[(backend, f"call{ranks}")])))
+        small, large = med[(backend, "small")], med[(backend, "large")]
+        rows.append(Row(f"{backend}: channel small (dict of 4 scalars), rank -> driver", "msg/s", small,
+                        med[("raw", "small")], "queue.Queue, one process", ratio=small / med[("raw", "small")],
+                        ratio_of="ours/queue", note=_spread(figures[(backend, "small")])))
+        rows.append(Row(f"{backend}: channel large (64x3x64x64 uint8), rank -> driver", "GB/s", large,
+                        med[("raw", "large")], "queue.Queue + clone, one process",
+                        ratio=med[(backend, "large")] / med[("raw", "large")], ratio_of="ours/queue",
+                        note=_spread(figures[(backend, "large")])))
+    return rows
+
+
+def runner_rollout(config: str, steps: int, reps: int = 3) -> list[Row]:
+    """The runner's rollout phase (env steps / time/generate_rollouts, median over `steps` steps after a warm-up)
+    on each backend, `reps` runs each, interleaved."""
+    from rlinf_mini.train import RunPlan, launch
+
+    rates: dict[str, list[float]] = {b: [] for b in BACKENDS}
+    for _ in range(reps):
+        for backend in BACKENDS:
+            with tempfile.TemporaryDirectory(prefix="bench_backend_") as log_path:
+                cfg = load_config(["--config", config, "--runner.logger.log_path", log_path, "--runner.no-progress-bar",
+                                   "--runner.log_interval", "1000", "--runner.val_check_interval", "-1",
+                                   "--runner.save_interval", "-1", "--runner.no-trace", "--cluster.backend", backend])
+                plan = RunPlan(cfg, config)
+                plan.run_dir.mkdir(parents=True)
+                cluster = Cluster(cfg.cluster)
+                try:
+                    runner = launch(cfg, plan, cluster)
+                    runner.init_workers()
+                    runner.max_steps = steps + 1
+                    history = runner.run()[1:]  # the first step warms up
+                finally:
+                    cluster.shutdown()
+            train = cfg.env.train
+            env_steps = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
+            rates[backend].append(env_steps / statistics.median(h["time/generate_rollouts"] for h in history))
+    label = config.rsplit("/", 1)[-1].removesuffix(".yaml")
+    local = statistics.median(rates["local"])
+    return [Row(f"{b}: runner rollout env steps/s ({label})", "steps/s", statistics.median(rates[b]), local,
+                "local backend", ratio=statistics.median(rates[b]) / local, ratio_of=f"{b}/local",
+                note=_spread(rates[b])) for b in BACKENDS]
