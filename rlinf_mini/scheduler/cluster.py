@@ -4,9 +4,10 @@
     ...                                # WorkerGroup.launch(cluster, ...) calls cluster.allocate() once per rank
     cluster.shutdown()                 # stops every group, the channel server, and removes the run's shared memory
 
-A process placed on GPU device d starts with CUDA_VISIBLE_DEVICES=d, so inside it the GPU is cuda:0 (RLinf binds GPUs
-the same way, through environment variables, not Ray resources); when the placement names more devices than there
-are GPUs, device d uses GPU d mod the GPU count. On a machine without GPUs, the CPU cores are split
+A process placed on GPU device d starts with CUDA_VISIBLE_DEVICES set to the d-th entry of the driver's own
+CUDA_VISIBLE_DEVICES (index or UUID, as the user gave it), so inside it the GPU is cuda:0 (RLinf binds GPUs the same
+way, through environment variables, not Ray resources); when the placement names more devices than there are GPUs,
+device d uses GPU d mod the GPU count (scheduler/devices.py decides). On a machine without GPUs, the CPU cores are split
 evenly over `cluster.num_devices` virtual devices; a process placed on virtual device d is pinned to that device's
 cores (sched_setaffinity) and gets as many torch threads, set before torch is imported in it. So the same YAML runs
 on a laptop and on a GPU box.
@@ -30,7 +31,7 @@ import torch
 import torch.multiprocessing
 
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.scheduler import shm
+from rlinf_mini.scheduler import devices, shm
 from rlinf_mini.scheduler.channel import ChannelServer
 from rlinf_mini.scheduler.worker import WorkerDiedError, worker_main
 
@@ -61,7 +62,8 @@ class Cluster:
         self.cfg = cfg
         self.num_gpus = torch.cuda.device_count()
         self.device_type = "cuda" if self.num_gpus else "cpu"
-        self.num_devices = cfg.num_devices
+        self.visible_gpus = devices.visible_gpus(os.environ, self.num_gpus)  # the driver's GPUs, as the user named them
+        self.num_devices = devices.resolve_num_devices(cfg.num_devices, self.num_gpus)  # -1: every visible GPU
         self.timeout_s = cfg.timeout_s
         self.run_id = f"{os.getpid()}{secrets.token_hex(2)}"
         self.mp_context = torch.multiprocessing.get_context("spawn")
@@ -95,8 +97,7 @@ class Cluster:
         }
         cores = None
         if self.device_type == "cuda":
-            gpus = sorted({d % self.num_gpus for d in placement.devices})  # more devices than GPUs: they share
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            env |= devices.rank_device_env(placement.devices, self.num_devices, self.visible_gpus)
         else:
             cores = sorted({c for d in placement.devices for c in self.device_cores(d)})
             env |= {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(cores)), "MKL_NUM_THREADS": str(len(cores))}
