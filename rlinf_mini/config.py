@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 import yaml
 
+PRECISIONS = ("32", "bf16")  # actor.model.precision, rollout.model.precision (RLinf spells them the same)
+
 
 class ConfigError(ValueError):
     """A bad configuration: the message is one line naming the file and the key path."""
@@ -39,9 +41,10 @@ class ConfigError(ValueError):
 class ClusterConfig:
     num_nodes: int = 1
     """Number of machines. Only 1 is supported by the local (torch.multiprocessing) backend."""
-    num_devices: int = 2
-    """rlinf_mini: the devices that component_placement numbers 0..num_devices-1. Without a GPU each is a share of
-    the CPU cores; with GPUs, device d is GPU d (GPU d mod the GPU count when fewer GPUs are visible)."""
+    num_devices: int = -1
+    """rlinf_mini: the devices that component_placement numbers 0..num_devices-1; -1 = every visible GPU (2 CPU
+    shares without a GPU). Without a GPU each is a share of the CPU cores; with GPUs, device d is the d-th GPU of
+    the parent's CUDA_VISIBLE_DEVICES (GPU d mod the GPU count when fewer GPUs are visible)."""
     component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
     """Component(s) -> devices, in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes' ('0-1:0-3' = 4 processes
     on 2 devices). A key may name several components ('env,rollout,actor')."""
@@ -220,7 +223,8 @@ class ModelConfig:
     add_value_head: bool = True
     """Add a value head (needed by adv_type 'gae')."""
     precision: str = "32"
-    """Parameter precision; only '32' on CPU."""
+    """Parameter precision: '32', or 'bf16' (on a GPU: forward and backward in bfloat16 autocast, fp32 master
+    weights and optimizer; a CPU run keeps fp32 and says so at start)."""
 
 
 @dataclass
@@ -272,7 +276,8 @@ class RolloutModelConfig:
     model_path: str = ""
     """Model folder the rollout starts from ('' = the actor's initial weights, sent by the first sync)."""
     precision: str = "32"
-    """Inference precision; only '32' on CPU."""
+    """Inference precision: '32', or 'bf16' (on a GPU: inference in bfloat16 autocast; a CPU run keeps fp32 and
+    says so at start)."""
 
 
 @dataclass
@@ -494,7 +499,6 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
 
     positive = {
         "cluster.num_nodes": cfg.cluster.num_nodes,
-        "cluster.num_devices": cfg.cluster.num_devices,
         "runner.max_epochs": cfg.runner.max_epochs,
         "runner.weight_sync_interval": cfg.runner.weight_sync_interval,
         "runner.log_interval": cfg.runner.log_interval,
@@ -536,6 +540,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
     for key, value in positive.items():
         if value <= 0:
             fail(key, f"must be positive, got {value}")
+    if cfg.cluster.num_devices <= 0 and cfg.cluster.num_devices != -1:
+        fail("cluster.num_devices", f"must be positive (or -1: every visible GPU), got {cfg.cluster.num_devices}")
     for split in ("train", "eval"):
         e, chunks = getattr(cfg.env, split), cfg.actor.model.num_action_chunks
         if e.max_steps_per_rollout_epoch % chunks:
@@ -563,8 +569,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("runner.logger.experiment_name", f"must be a plain folder name, got {experiment!r}")
     for key, precision in (("actor.model.precision", cfg.actor.model.precision),
                            ("rollout.model.precision", cfg.rollout.model.precision)):
-        if precision != "32":
-            fail(key, f"only '32' is supported, got {precision!r}")
+        if precision not in PRECISIONS:
+            fail(key, f"must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
     for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef"):
         if getattr(cfg.algorithm, key) < 0:
             fail(f"algorithm.{key}", f"must be >= 0, got {getattr(cfg.algorithm, key)}")
