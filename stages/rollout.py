@@ -44,6 +44,7 @@ from rlinf_mini.models import build_policy
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
+from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.seeding import counter_uniform
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map, tree_stack
 from stages.sync import WeightBufferHandle, WeightReceiver
@@ -243,10 +244,10 @@ class RolloutWorker(Worker):
                         if mode == "train":
                             noise = counter_uniform(seed, msg["env_ids"], msg["sample_step"], self.noise_width)
                             noise = noise.to(self.device)
-                        with span("inference", stage=k):
+                        with span("inference", stage=k), autocast(self.cfg.rollout.model.precision, self.device):
                             out = self.model.predict_action_batch(obs, noise, mode=mode)
-                        reply = {"actions": out["actions"].cpu(), "logprobs": out["logprobs"].cpu(),
-                                 "values": out["values"].cpu(), "version": self.receiver.version}
+                        reply = {"actions": out["actions"].cpu(), "logprobs": out["logprobs"].float().cpu(),
+                                 "values": out["values"].float().cpu(), "version": self.receiver.version}
                         if "forward_inputs" in out and mode == "train":
                             reply["forward_inputs"] = tree_map(lambda t: t.cpu(), out["forward_inputs"])
                         env_channel.put(reply, key=key)
