@@ -47,7 +47,7 @@ from rlinf_mini.scheduler.worker import Worker
 from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.seeding import counter_uniform
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map, tree_stack
-from stages.sync import WeightBufferHandle, WeightReceiver
+from stages.sync import WeightBufferHandle, make_weight_receiver
 
 TRAJECTORY_KEYS = ("obs", "actions", "logprobs", "values", "rewards", "dones", "versions")
 
@@ -218,7 +218,7 @@ class RolloutWorker(Worker):
         self.spec = spec
         self.model = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
                                   self.cfg.rollout.sampling_params.temperature_train).to(self.device).eval()
-        self.receiver = WeightReceiver(self.model)
+        self.receiver = make_weight_receiver(self.model)  # the CPU shared buffer, or a device buffer on a GPU
         self.noise_width = self.model.noise_width  # uniforms per sample (MLP: per action dim or choice; VLA: per bin)
         return self.receiver.handle()
 
