@@ -614,6 +614,15 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("actor.model.n_action_bins", f"must be >= 2, got {cfg.actor.model.n_action_bins}")
 
 
+def check_precision(cfg: TrainConfig, num_gpus: int, source: str) -> None:
+    """bf16 needs a GPU: on the CPU it is refused with the reason, before any worker starts."""
+    for key, precision in (("actor.model.precision", cfg.actor.model.precision),
+                           ("rollout.model.precision", cfg.rollout.model.precision)):
+        if precision == "bf16" and not num_gpus:
+            raise ConfigError(f"{source}: {key}: 'bf16' needs a GPU and none is visible (CPU bfloat16 matmuls are "
+                              f"slower than fp32 here); use '32'")
+
+
 def check_batch_arithmetic(cfg: TrainConfig, env_world_size: int, rollout_world_size: int,
                            actor_world_size: int, source: str) -> None:
     """The divisibility rules of RLinf's validate_embodied_cfg, with the numbers that break them in the message."""

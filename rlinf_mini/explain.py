@@ -28,6 +28,7 @@ from rlinf_mini.config import (
     ConfigError,
     TrainConfig,
     check_batch_arithmetic,
+    check_precision,
     config_source,
     load_config,
     validate_config,
@@ -316,6 +317,7 @@ def explain(cfg: TrainConfig, source: str, num_gpus: int | None = None) -> tuple
     if error is None:
         try:
             check_plan(cfg, source)
+            check_precision(cfg, gpu_count() if num_gpus is None else num_gpus, source)
         except (ConfigError, PlacementError) as e:
             error = e
     lines = [f"plan for {source} (computed only: no process started)"]

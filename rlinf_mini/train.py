@@ -21,7 +21,15 @@ import sys
 import threading
 from pathlib import Path
 
-from rlinf_mini.config import ConfigError, TrainConfig, check_batch_arithmetic, config_source, load_config, save_config
+from rlinf_mini.config import (
+    ConfigError,
+    TrainConfig,
+    check_batch_arithmetic,
+    check_precision,
+    config_source,
+    load_config,
+    save_config,
+)
 from rlinf_mini.scheduler import faults
 
 
@@ -68,15 +76,6 @@ class RunPlan:
             except ValueError as e:
                 raise ConfigError(f"{source}: rollout.model.model_path: {str(e).split(': ', 1)[-1]}") from None
         self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
-
-
-def check_precision(cfg: TrainConfig, num_gpus: int, source: str) -> None:
-    """bf16 needs a GPU: on the CPU it is refused with the reason, before any worker starts."""
-    for key, precision in (("actor.model.precision", cfg.actor.model.precision),
-                           ("rollout.model.precision", cfg.rollout.model.precision)):
-        if precision == "bf16" and not num_gpus:
-            raise ConfigError(f"{source}: {key}: 'bf16' needs a GPU and none is visible (CPU bfloat16 matmuls are "
-                              f"slower than fp32 here); use '32'")
 
 
 def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa: F821

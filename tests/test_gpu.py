@@ -198,6 +198,10 @@ def test_explain_shows_devices_collective_and_its_cost():
     assert "actor collective: nccl" in text and "of the 8 visible" in text
     text, _ = explain(cfg, "configs/embodied.yaml", num_gpus=0)
     assert "actor collective: gloo (CPU tensors)" in text and "shared buffer" in text
+    bf16 = dataclasses.replace(cfg, actor=dataclasses.replace(
+        cfg.actor, model=dataclasses.replace(cfg.actor.model, precision="bf16")))
+    assert explain(bf16, "x", num_gpus=1)[1] is None
+    assert "actor.model.precision: 'bf16' needs a GPU" in explain(bf16, "x", num_gpus=0)[1]
 
 
 def test_fewer_devices_than_gpus_is_said_once_at_start(tmp_path, monkeypatch, capsys):
