@@ -186,9 +186,26 @@ def pin(seg: SharedSegment) -> bool:
     if register is None or seg.size == 0:
         return False
     try:
-        return int(register(seg.data.data_ptr(), seg.size, 0)) == 0  # flags 0: cudaHostRegisterDefault
+        ok = int(register(seg.data.data_ptr(), seg.size, 0)) == 0  # flags 0: cudaHostRegisterDefault
     except (RuntimeError, TypeError, ValueError):
-        return False
+        ok = False
+    if not ok:
+        _clear_cuda_error()
+    return ok
+
+
+def _clear_cuda_error() -> None:
+    """Reset CUDA's last error after a refused registration: torch checks it after every kernel launch and would
+    report the refusal there, as a failure of an unrelated kernel."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+        for path in paths:  # the runtime torch loaded (a cudart linked statically into torch has no path here)
+            ctypes.CDLL(path).cudaGetLastError()
+    except OSError:
+        pass
 
 
 def unpin(seg: SharedSegment) -> None:
@@ -210,6 +227,7 @@ class GpuWeightReceiver(WeightReceiver):
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
+        self._views: dict[str, torch.Tensor] = {}  # (the CPU receiver's host views: none here)
         weights = _weights(model)
         self.layout, size = plan_layout(weights)
         device = next(iter(weights.values())).device
@@ -226,7 +244,11 @@ class GpuWeightReceiver(WeightReceiver):
         self.zero_copy = False
         self.pinned = pin(self.segment)
         self.gpu = gpu_id(device)
-        self._ipc = bytes(ForkingPickler.dumps(self.flat))  # torch.multiprocessing's reducer: a CUDA IPC handle
+        self._ipc = self._share(self.flat)
+
+    @staticmethod
+    def _share(flat: torch.Tensor) -> bytes:
+        return bytes(ForkingPickler.dumps(flat))  # torch.multiprocessing's reducer: a CUDA IPC handle
 
     def handle(self) -> WeightBufferHandle:
         return WeightBufferHandle(self.segment.name, self.segment.size, self.layout, gpu=self.gpu,
@@ -241,7 +263,8 @@ class GpuWeightReceiver(WeightReceiver):
             with torch.no_grad(), span("weight_load"):
                 # one H2D copy of the whole buffer: same layout on both sides (the header bytes land unused)
                 self.flat.copy_(self.segment.data, non_blocking=self.pinned)
-                torch.cuda.synchronize(self.flat.device)  # inference must not start before the copy is done
+                if self.flat.is_cuda:  # (always, but for the CPU test of this protocol)
+                    torch.cuda.synchronize(self.flat.device)  # inference must not start before the copy is done
         self.version = version
         return time.monotonic() - start
 
@@ -278,7 +301,8 @@ class GpuSender:
                 src = weights[slot.name].detach()
                 _device_view(flat, slot).copy_(src)  # device to device, on this GPU
                 written += src.numel() * src.element_size()
-            torch.cuda.synchronize(flat.device)  # the stamp below must not run ahead of the copies
+            if flat.is_cuda:  # (always, but for the CPU test of this protocol)
+                torch.cuda.synchronize(flat.device)  # the stamp below must not run ahead of the copies
             header[1] = _PATH_IPC
         else:
             if h.segment_name not in self._pinned:

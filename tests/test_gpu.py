@@ -378,3 +378,39 @@ def test_gpu_two_ranks_on_one_gpu_all_reduce_with_gloo():
         _stop(*procs)
     for rank, backend, t in results:
         assert backend == "gloo" and torch.equal(t, torch.full((4,), 3.0)), (rank, backend, t)
+
+
+def test_device_sync_protocol_on_the_cpu(monkeypatch):
+    """The GPU receiver and sender's layout, header and both paths, run on CPU tensors (CUDA calls stubbed): every
+    tensor arrives bitwise, and the receiver loads from the host buffer only after a host-path version. The CUDA
+    specifics (IPC, pinning, synchronize) are the `gpu` tests' part."""
+    from gpu_helpers import SmallModel
+
+    from stages import sync
+
+    monkeypatch.setattr(sync, "pin", lambda seg: False)
+    monkeypatch.setattr(sync, "gpu_id", lambda device: "GPU-test")
+    monkeypatch.setattr(sync.GpuWeightReceiver, "_share", staticmethod(lambda flat: b"ipc"))
+    rollout, actor = SmallModel(), SmallModel()
+    receiver = sync.GpuWeightReceiver(rollout)
+    sender = sync.WeightSender()
+    try:
+        handle = receiver.handle()
+        assert handle.gpu == "GPU-test" and handle.cuda_ipc == b"ipc"
+        for v, path in enumerate(["pinned host copy", "cuda ipc", "pinned host copy"]):
+            monkeypatch.setattr(sync.GpuSender, "path", lambda self, weights, h, p=path: p)
+            if path == "cuda ipc":
+                sender._gpu._ipc[handle.segment_name] = receiver.flat  # what opening the IPC handle gives
+            with torch.no_grad():
+                actor.weight.normal_()
+                actor.bias.normal_()
+                actor.steps.fill_(v + 5)
+            sender.send(actor, [handle], v)
+            receiver.wait_for_version(v, timeout=5)
+            for k, t in actor.state_dict().items():
+                assert torch.equal(rollout.state_dict()[k], t), (path, k)
+            # the parameters are views of the flat buffer: the copy landed in the weights the rollout infers with
+            assert rollout.weight.data_ptr() == receiver.flat.data_ptr() + handle.layout[0].offset
+    finally:
+        sender.close()
+        receiver.close()
