@@ -246,7 +246,9 @@ class RolloutWorker(Worker):
                             noise = noise.to(self.device)
                         with span("inference", stage=k), autocast(self.cfg.rollout.model.precision, self.device):
                             out = self.model.predict_action_batch(obs, noise, mode=mode)
-                        reply = {"actions": out["actions"].cpu(), "logprobs": out["logprobs"].float().cpu(),
+                        actions = out["actions"]  # bf16 autocast may make float actions bf16: fp32 for the env
+                        actions = actions.float() if actions.is_floating_point() else actions
+                        reply = {"actions": actions.cpu(), "logprobs": out["logprobs"].float().cpu(),
                                  "values": out["values"].float().cpu(), "version": self.receiver.version}
                         if "forward_inputs" in out and mode == "train":
                             reply["forward_inputs"] = tree_map(lambda t: t.cpu(), out["forward_inputs"])
