@@ -8,9 +8,11 @@
 The rollout allocates its buffer once: one shared-memory segment holding every parameter and buffer of its model,
 each at a 64-byte-aligned offset, plus a header whose first 8 bytes are the version stamp. On the CPU the rollout's
 parameters *are* views into that segment, so the actor's copy lands directly in the weights the rollout infers with
-(one memcpy per rollout rank, no serialization, no allocation). On a GPU the rollout copies the segment into its
-device parameters after the stamp arrives. The actor writes the data first and the stamp last, so a rollout that sees
-stamp v has every byte of version v. Only actor rank 0 sends: data-parallel ranks hold identical weights.
+(one memcpy per rollout rank, no serialization, no allocation). On a GPU (`GpuWeightReceiver`) the parameters are
+views of one flat device buffer: actor rank 0 on the same GPU writes it by CUDA IPC, device to device; from another
+GPU it writes the pinned segment and the rollout loads it with one H2D copy. The actor writes the data first (and
+waits for the device) and the stamp last, so a rollout that sees stamp v has every byte of version v. Only actor
+rank 0 sends: data-parallel ranks hold identical weights.
 
 The version is the number of optimizer steps behind the weights. The rollout tags every action with it, so every
 trajectory says which weights produced it (`rollout/staleness` in the metrics is actor version minus that tag).
@@ -18,7 +20,8 @@ trajectory says which weights produced it (`rollout/staleness` in the metrics is
 RLinf counterpart: `EmbodiedRunner.update_rollout_weights` calling `actor.sync_model_to_rollout()` and
 `rollout.sync_model_from_actor()` together; `rlinf/hybrid_engines/weight_syncer/` (bucket and patch syncers, which
 broadcast over NCCL or CUDA IPC). Left out: buckets and sparse patches (a shared buffer needs neither on one machine),
-NCCL between machines. Next stage: `stages/rollout.py`.
+an NCCL broadcast to another GPU (the pinned host copy stands in), NCCL between machines. Next stage:
+`stages/rollout.py`.
 """
 
 from __future__ import annotations
