@@ -414,3 +414,19 @@ def test_device_sync_protocol_on_the_cpu(monkeypatch):
     finally:
         sender.close()
         receiver.close()
+
+
+def test_a_timed_out_all_reduce_is_reported_as_a_timeout():
+    from rlinf_mini.scheduler.collective import CollectiveTimeout, TorchDistCollective
+
+    def all_reduce(t):  # what ProcessGroupNCCL's blocking wait raises (DistBackendError is a RuntimeError)
+        raise RuntimeError("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+                           "OpType=ALLREDUCE) ran for 30000 milliseconds before timing out.")
+
+    coll = TorchDistCollective.__new__(TorchDistCollective)
+    coll._dist, coll.backend, coll.timeout_s = SimpleNamespace(all_reduce=all_reduce), "nccl", 30.0
+    with pytest.raises(CollectiveTimeout, match=r"nccl all_reduce of \(3,\) did not complete within 30 s"):
+        coll.all_reduce(torch.zeros(3))
+    coll._dist = SimpleNamespace(all_reduce=lambda t: (_ for _ in ()).throw(RuntimeError("NCCL error: unhandled")))
+    with pytest.raises(RuntimeError, match="unhandled"):  # other failures pass through unchanged
+        coll.all_reduce(torch.zeros(3))
