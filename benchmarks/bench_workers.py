@@ -141,9 +141,9 @@ class FlatModel(torch.nn.Module):
 
 
 def weight_receiver(numel: int, reps: int, handle_q, ack_q, device: str = "cpu") -> None:
-    from stages.sync import WeightReceiver
+    from stages.sync import make_weight_receiver
 
-    receiver = WeightReceiver(FlatModel(numel, device))
+    receiver = make_weight_receiver(FlatModel(numel, device))  # on cuda: the device paths of stages/sync.py
     handle_q.put(receiver.handle())
     try:
         for v in range(reps):

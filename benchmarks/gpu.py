@@ -5,9 +5,10 @@ runner with the policy on the GPU. About 3 minutes on one GPU; without a GPU it 
     python -m benchmarks --device cuda --quick   # smaller counts
 
 Limits, measured here on the same device: device-to-device copy (torch copy_ between two CUDA tensors) and
-host-to-device copy from pageable memory (what a CUDA tensor crossing a process boundary through host shared memory
-pays at least twice: device -> shared host buffer -> device). Weight sync on a GPU machine is D2H into the rollout's
-shared buffer, then H2D into its parameters (stages/sync.py); CUDA IPC would skip the host and is the next step.
+host-to-device copy from pinned memory. Weight sync on a GPU (stages/sync.py) is a device-to-device copy by CUDA IPC
+when the rollout is on actor rank 0's GPU, else D2H into the rollout's pinned shared buffer, then H2D; both paths are
+measured here on one GPU (the second by relabelling the rollout's GPU). The channel copies a CUDA tensor from the
+device straight into shared memory (one copy); the consumer moves it to its GPU.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ def _copy_gbps(src, dst, reps: int) -> float:
     return src.numel() * src.element_size() / best / 1e9
 
 
-def weight_sync_gpu(h, numel: int, reps: int) -> list:
+def weight_sync_gpu(h, numel: int, reps: int, path: str) -> list:
+    """Weight sync into a rollout process on the same GPU, by `path`: 'cuda ipc' (the handle as the rollout made it)
+    or 'pinned host copy' (the handle relabelled as if the rollout were on another GPU: D2H, then H2D)."""
+    import dataclasses
+
     import torch
 
     from benchmarks import bench_workers as bw
@@ -44,27 +49,44 @@ def weight_sync_gpu(h, numel: int, reps: int) -> list:
     nbytes = numel * 4
     h.submit(1, "weight_receiver", numel, reps + 1, "@handle_q", "@ack_q", "cuda")
     handle = h.shared["handle_q"].get(timeout=300)
+    if path == "pinned host copy":
+        handle = dataclasses.replace(handle, gpu="GPU-elsewhere")
     model = bw.FlatModel(numel, "cuda")
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(1.0)
     sender, times = WeightSender(), []
+    assert sender._gpu.path(dict(model.state_dict(keep_vars=True)), handle) == path
     for v in range(reps + 1):
         start = time.perf_counter()
         sender.send(model, [handle], v)
-        h.shared["ack_q"].get(timeout=300)  # the rollout copied version v onto its GPU
+        h.shared["ack_q"].get(timeout=300)  # the rollout has version v on its GPU
         times.append(time.perf_counter() - start)
     sender.close()
     h.result(1)
     ours = nbytes / min(times[1:]) / 1e9
     a, b = torch.ones(numel, device="cuda"), torch.empty(numel, device="cuda")
     d2d = _copy_gbps(a, b, 5)
-    h2d = _copy_gbps(torch.ones(numel), b, 3)
+    h2d = _copy_gbps(torch.ones(numel).pin_memory(), b, 3)
     del model, a, b
     torch.cuda.empty_cache()
-    return [Row(f"GPU weight sync, {numel / 1e6:g}M float32 ({nbytes / 1e6:.0f} MB)", "GB/s", ours, h2d,
-                "H2D pageable", d2d, "D2D copy", ours / d2d, "ours/limit",
-                note=f"ours/H2D = {ours / h2d:.2f}; D2H + H2D through host shared memory")]
+    return [Row(f"GPU weight sync ({path}), {numel / 1e6:g}M float32 ({nbytes / 1e6:.0f} MB)", "GB/s", ours, h2d,
+                "H2D pinned", d2d, "D2D copy", ours / d2d, "ours/limit",
+                note=f"ours/H2D pinned = {ours / h2d:.2f}; includes the rollout's wake-up and ack")]
+
+
+def pinned_vs_pageable(numel: int) -> list:
+    """Host-to-device bandwidth from pinned and from pageable memory: what pinning the shared buffer buys."""
+    import torch
+
+    from benchmarks.measure import Row
+
+    dst = torch.empty(numel, device="cuda")
+    pinned = _copy_gbps(torch.ones(numel).pin_memory(), dst, 5)
+    pageable = _copy_gbps(torch.ones(numel), dst, 5)
+    d2d = _copy_gbps(torch.ones(numel, device="cuda"), dst, 5)
+    return [Row(f"H2D pinned vs pageable, {numel * 4 / 1e6:.0f} MB", "GB/s", pinned, pageable, "pageable", d2d,
+                "D2D copy", pinned / pageable, "pinned/pageable")]
 
 
 def channel_gpu(h, n: int) -> list:
@@ -80,7 +102,7 @@ def channel_gpu(h, n: int) -> list:
     d2d = _copy_gbps(a, torch.empty_like(a), 50)
     h2d = _copy_gbps(torch.ones(nbytes, dtype=torch.uint8), a, 50)
     return [Row("GPU channel, large CUDA tensors (786 KB)", "GB/s", ours, h2d, "H2D pageable", d2d, "D2D copy",
-                ours / d2d, "ours/limit", note="producer .cpu() into shm, consumer .cuda(); no CUDA IPC yet")]
+                ours / d2d, "ours/limit", note="producer D2H straight into shm, consumer .cuda(); no CUDA IPC")]
 
 
 def main(out: Path, quick: bool = False) -> int:
@@ -101,7 +123,9 @@ def main(out: Path, quick: bool = False) -> int:
     try:
         rows += channel_gpu(hosts, 100 if quick else 300)
         for numel, reps in ([(10_000_000, 3)] if quick else [(10_000_000, 5), (100_000_000, 3)]):
-            rows += weight_sync_gpu(hosts, numel, reps)
+            for path in ("cuda ipc", "pinned host copy"):
+                rows += weight_sync_gpu(hosts, numel, reps, path)
+        rows += pinned_vs_pageable(25_000_000)
     finally:
         hosts.close()
     # The full runner: the Cluster sees the GPU, so rollout and actor run on cuda:0. The disaggregated config has one

@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 import yaml
 
+PRECISIONS = ("32", "bf16")  # actor.model.precision, rollout.model.precision (RLinf spells them the same)
+
 
 class ConfigError(ValueError):
     """A bad configuration: the message is one line naming the file and the key path."""
@@ -40,9 +42,10 @@ class ClusterConfig:
     num_nodes: int = 1
     """Number of machines (nodes). More than 1 needs backend 'ray'; num_devices is then the total over the nodes, and
     node n holds devices n*D ... n*D + D - 1, D = num_devices / num_nodes (as in RLinf)."""
-    num_devices: int = 2
-    """rlinf_mini: the devices that component_placement numbers 0..num_devices-1. Without a GPU each is a share of
-    the CPU cores; with GPUs, device d is GPU d (GPU d mod the GPU count when fewer GPUs are visible)."""
+    num_devices: int = -1
+    """rlinf_mini: the devices that component_placement numbers 0..num_devices-1; -1 = every visible GPU (2 CPU
+    shares without a GPU). Without a GPU each is a share of the CPU cores; with GPUs, device d is the d-th GPU of
+    the parent's CUDA_VISIBLE_DEVICES (GPU d mod the GPU count when fewer GPUs are visible)."""
     backend: Literal["local", "inline", "ray"] = "local"
     """rlinf_mini: how ranks run. 'local': a process per rank on this machine (torch.multiprocessing); 'inline': every
     rank a thread of the driver, taking turns, so breakpoint() in a worker method stops there (debugging; slower);
@@ -229,7 +232,8 @@ class ModelConfig:
     add_value_head: bool = True
     """Add a value head (needed by adv_type 'gae')."""
     precision: str = "32"
-    """Parameter precision; only '32' on CPU."""
+    """Parameter precision: '32', or 'bf16' (on a GPU: forward and backward in bfloat16 autocast, fp32 master
+    weights and optimizer; a CPU run keeps fp32 and says so at start)."""
 
 
 @dataclass
@@ -281,7 +285,8 @@ class RolloutModelConfig:
     model_path: str = ""
     """Model folder the rollout starts from ('' = the actor's initial weights, sent by the first sync)."""
     precision: str = "32"
-    """Inference precision; only '32' on CPU."""
+    """Inference precision: '32', or 'bf16' (on a GPU: inference in bfloat16 autocast; a CPU run keeps fp32 and
+    says so at start)."""
 
 
 @dataclass
@@ -503,7 +508,6 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
 
     positive = {
         "cluster.num_nodes": cfg.cluster.num_nodes,
-        "cluster.num_devices": cfg.cluster.num_devices,
         "runner.max_epochs": cfg.runner.max_epochs,
         "runner.weight_sync_interval": cfg.runner.weight_sync_interval,
         "runner.log_interval": cfg.runner.log_interval,
@@ -545,6 +549,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
     for key, value in positive.items():
         if value <= 0:
             fail(key, f"must be positive, got {value}")
+    if cfg.cluster.num_devices <= 0 and cfg.cluster.num_devices != -1:
+        fail("cluster.num_devices", f"must be positive (or -1: every visible GPU), got {cfg.cluster.num_devices}")
     for split in ("train", "eval"):
         e, chunks = getattr(cfg.env, split), cfg.actor.model.num_action_chunks
         if e.max_steps_per_rollout_epoch % chunks:
@@ -572,15 +578,15 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("runner.logger.experiment_name", f"must be a plain folder name, got {experiment!r}")
     for key, precision in (("actor.model.precision", cfg.actor.model.precision),
                            ("rollout.model.precision", cfg.rollout.model.precision)):
-        if precision != "32":
-            fail(key, f"only '32' is supported, got {precision!r}")
+        if precision not in PRECISIONS:
+            fail(key, f"must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
     for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef"):
         if getattr(cfg.algorithm, key) < 0:
             fail(f"algorithm.{key}", f"must be >= 0, got {getattr(cfg.algorithm, key)}")
     if cfg.cluster.num_nodes != 1 and cfg.cluster.backend != "ray":
         fail("cluster.num_nodes", f"{cfg.cluster.num_nodes} nodes need cluster.backend: ray (the "
                                   f"{cfg.cluster.backend!r} backend runs on one machine)")
-    if cfg.cluster.num_devices % cfg.cluster.num_nodes:
+    if cfg.cluster.num_devices > 0 and cfg.cluster.num_devices % cfg.cluster.num_nodes:
         fail("cluster.num_devices", f"{cfg.cluster.num_devices} devices do not split evenly over "
                                     f"cluster.num_nodes={cfg.cluster.num_nodes}")
     if cfg.cluster.ray_address and cfg.cluster.backend != "ray":
@@ -621,6 +627,15 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("cluster.component_placement", "is empty")
     if cfg.actor.model.n_action_bins < 2:
         fail("actor.model.n_action_bins", f"must be >= 2, got {cfg.actor.model.n_action_bins}")
+
+
+def check_precision(cfg: TrainConfig, num_gpus: int, source: str) -> None:
+    """bf16 needs a GPU: on the CPU it is refused with the reason, before any worker starts."""
+    for key, precision in (("actor.model.precision", cfg.actor.model.precision),
+                           ("rollout.model.precision", cfg.rollout.model.precision)):
+        if precision == "bf16" and not num_gpus:
+            raise ConfigError(f"{source}: {key}: 'bf16' needs a GPU and none is visible (CPU bfloat16 matmuls are "
+                              f"slower than fp32 here); use '32'")
 
 
 def check_batch_arithmetic(cfg: TrainConfig, env_world_size: int, rollout_world_size: int,

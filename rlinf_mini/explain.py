@@ -20,6 +20,7 @@ RLinf has no such command; its batch rules live in `rlinf/config.py::validate_em
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Iterator
 
@@ -27,10 +28,12 @@ from rlinf_mini.config import (
     ConfigError,
     TrainConfig,
     check_batch_arithmetic,
+    check_precision,
     config_source,
     load_config,
     validate_config,
 )
+from rlinf_mini.scheduler import devices
 from stages.placement import HybridComponentPlacement, PlacementError
 from stages.rollout import actor_pieces, env_ranks_of_rollout
 
@@ -55,7 +58,7 @@ def check_plan(cfg: TrainConfig, source: str) -> HybridComponentPlacement:
     """Every check `python -m rlinf_mini.train` makes on the numbers before starting a process (not the env and
     model builds). Raises ConfigError or PlacementError; returns the placement."""
     validate_config(cfg, source)
-    placement = HybridComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
+    placement = HybridComponentPlacement(cfg.cluster.component_placement, num_devices(cfg))
     sizes = [placement.get_world_size(c) for c in COMPONENTS]
     check_batch_arithmetic(cfg, *sizes, source)
     return placement
@@ -157,7 +160,7 @@ def _moves(cfg: TrainConfig, key: str, source: str, per_side: int = 1, skip: str
             continue
         current = get_value(cfg, knob)
         if isinstance(current, str):  # a placement string
-            values = _placement_candidates(current, cfg.cluster.num_devices)
+            values = _placement_candidates(current, num_devices(cfg))
         elif isinstance(current, int):
             values = _int_candidates(current)
         else:
@@ -211,12 +214,30 @@ def _ranges(ids: list[int]) -> str:
     return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
 
 
-def describe(cfg: TrainConfig, placement: HybridComponentPlacement | None) -> list[str]:
-    """The plan, section by section; stops where a number it needs does not exist."""
-    lines = [f"1 placement (cluster.num_devices = {cfg.cluster.num_devices})"]
+def gpu_count() -> int:
+    """The GPUs the driver sees (CUDA_VISIBLE_DEVICES honoured)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def num_devices(cfg: TrainConfig, num_gpus: int | None = None) -> int:
+    """cluster.num_devices as a run uses it (-1: every visible GPU, 2 CPU shares without one)."""
+    return devices.resolve_num_devices(cfg.cluster.num_devices, gpu_count() if num_gpus is None else num_gpus)
+
+
+def describe(cfg: TrainConfig, placement: HybridComponentPlacement | None, num_gpus: int | None = None) -> list[str]:
+    """The plan, section by section; stops where a number it needs does not exist. `num_gpus` None: this machine's."""
+    # this machine: its GPUs as CUDA_VISIBLE_DEVICES names them; a faked count: GPUs '0'..'num_gpus-1'
+    visible = devices.visible_gpus(os.environ, gpu_count()) if num_gpus is None else None
+    num_gpus = gpu_count() if num_gpus is None else num_gpus
+    lines = [f"1 placement (cluster.num_devices = {num_devices(cfg, num_gpus)})"]
     if placement is None:
         return lines + ["  (cannot place the components: see the error below)"]
     lines += ["  " + line for line in placement.describe().splitlines()]
+    plan = devices.device_plan({c: placement.get_strategy(c) for c in COMPONENTS}, num_devices(cfg, num_gpus),
+                               num_gpus, visible)
+    lines += ["  " + line for line in plan.describe()]
     ws = {c: placement.get_world_size(c) for c in COMPONENTS}
     lines.append(f"  world sizes: env {ws['env']}, rollout {ws['rollout']}, actor {ws['actor']}")
     if ws["env"] % ws["rollout"] == 0:
@@ -280,8 +301,9 @@ def describe(cfg: TrainConfig, placement: HybridComponentPlacement | None) -> li
     return lines
 
 
-def explain(cfg: TrainConfig, source: str) -> tuple[str, str | None]:
-    """The plan as text, and the first failing check's one-line message (None when every check passes)."""
+def explain(cfg: TrainConfig, source: str, num_gpus: int | None = None) -> tuple[str, str | None]:
+    """The plan as text, and the first failing check's one-line message (None when every check passes).
+    `num_gpus` fakes the GPU count (tests); None: this machine's."""
     error: Exception | None = None
     placement = None
     try:
@@ -289,16 +311,17 @@ def explain(cfg: TrainConfig, source: str) -> tuple[str, str | None]:
     except ConfigError as e:
         error = e
     try:
-        placement = HybridComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
+        placement = HybridComponentPlacement(cfg.cluster.component_placement, num_devices(cfg, num_gpus))
     except PlacementError as e:
         error = error or e
     if error is None:
         try:
             check_plan(cfg, source)
+            check_precision(cfg, gpu_count() if num_gpus is None else num_gpus, source)
         except (ConfigError, PlacementError) as e:
             error = e
     lines = [f"plan for {source} (computed only: no process started)"]
-    lines += describe(cfg, placement)
+    lines += describe(cfg, placement, num_gpus)
     if error is None:
         lines.append("all checks pass")
         return "\n".join(lines), None

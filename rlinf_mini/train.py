@@ -21,7 +21,15 @@ import sys
 import threading
 from pathlib import Path
 
-from rlinf_mini.config import ConfigError, TrainConfig, check_batch_arithmetic, config_source, load_config, save_config
+from rlinf_mini.config import (
+    ConfigError,
+    TrainConfig,
+    check_batch_arithmetic,
+    check_precision,
+    config_source,
+    load_config,
+    save_config,
+)
 from rlinf_mini.scheduler import faults
 
 
@@ -29,12 +37,21 @@ class RunPlan:
     """Everything decided before any process starts: the placement, the world sizes, the run folder."""
 
     def __init__(self, cfg: TrainConfig, source: str):
+        import torch
+
         from rlinf_mini.envs import get_env_spec
         from rlinf_mini.models import build_policy
+        from rlinf_mini.scheduler import devices
         from stages.placement import HybridComponentPlacement
 
         self.cfg = cfg
-        self.placement = HybridComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
+        self.num_gpus = torch.cuda.device_count()
+        self.num_devices = devices.resolve_num_devices(cfg.cluster.num_devices, self.num_gpus)  # -1: every GPU
+        self.placement = HybridComponentPlacement(cfg.cluster.component_placement, self.num_devices)
+        check_precision(cfg, self.num_gpus, source)
+        self.device_plan = devices.device_plan(
+            {c: self.placement.get_strategy(c) for c in ("env", "rollout", "actor")}, self.num_devices,
+            self.num_gpus, devices.visible_gpus(os.environ, self.num_gpus))
         self.world_sizes = {c: self.placement.get_world_size(c) for c in ("env", "rollout", "actor")}
         check_batch_arithmetic(cfg, self.world_sizes["env"], self.world_sizes["rollout"],
                                self.world_sizes["actor"], source)
@@ -47,8 +64,11 @@ class RunPlan:
             from rlinf_mini.models.make_tiny_vla import create_tiny_vla
 
             create_tiny_vla(cfg, path)  # the initial HF folder, as `python -m rlinf_mini.models.make_tiny_vla`
-        build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete,  # a bad model_path fails here
-                     image_shape=spec.image_shape)
+        policy = build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete,  # a bad model_path
+                              image_shape=spec.image_shape)  # fails here
+        # /dev/shm the rollout's weight buffers take (stages/sync.py: one per rollout rank, reserved at creation)
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
+        self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
         if cfg.rollout.model.model_path:
             try:
                 build_policy(dataclasses.replace(cfg.actor.model, model_path=cfg.rollout.model.model_path),
@@ -102,10 +122,14 @@ def _stop_on_signals(cluster) -> dict:
 
 def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
     """Start the workers, train, and stop everything (also on error, Ctrl-C or SIGTERM)."""
+    from rlinf_mini.scheduler import shm
     from rlinf_mini.scheduler.cluster import Cluster
 
+    shm.check_free(plan.shm_bytes, f"the weight buffers of {plan.world_sizes['rollout']} rollout rank(s)")
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, plan.run_dir / "config.yaml")
+    if plan.device_plan.note:
+        print(plan.device_plan.note, file=sys.stderr)  # once, at start
     cluster = Cluster(cfg.cluster)
     previous = _stop_on_signals(cluster) if threading.current_thread() is threading.main_thread() else {}
     try:
@@ -132,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from rlinf_mini.envs import EnvError
+    from rlinf_mini.scheduler.shm import ShmFullError
     from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError
     from stages.placement import PlacementError
 
@@ -152,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"interrupted: all workers stopped ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + signum
-    except (WorkerError, WorkerDiedError, TimeoutError) as e:
+    except ShmFullError as e:  # the driver's check: before any worker started
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (WorkerError, WorkerDiedError, TimeoutError) as e:
+        full = ShmFullError.find_in(str(e))  # a worker's reservation failed: that line says what to do
+        print(f"error: {full or e}", file=sys.stderr)
         return 1
     evals = [h for h in history if "eval/success_once" in h]
     summary = f"done: {len(history)} steps logged in {plan.run_dir}/metrics.jsonl"

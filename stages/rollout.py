@@ -44,9 +44,10 @@ from rlinf_mini.models import build_policy
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
+from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.seeding import counter_uniform
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map, tree_stack
-from stages.sync import WeightBufferHandle, WeightReceiver
+from stages.sync import WeightBufferHandle, make_weight_receiver
 
 TRAJECTORY_KEYS = ("obs", "actions", "logprobs", "values", "rewards", "dones", "versions")
 
@@ -217,7 +218,7 @@ class RolloutWorker(Worker):
         self.spec = spec
         self.model = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
                                   self.cfg.rollout.sampling_params.temperature_train).to(self.device).eval()
-        self.receiver = WeightReceiver(self.model)
+        self.receiver = make_weight_receiver(self.model)  # the CPU shared buffer, or a device buffer on a GPU
         self.noise_width = self.model.noise_width  # uniforms per sample (MLP: per action dim or choice; VLA: per bin)
         return self.receiver.handle()
 
@@ -243,10 +244,12 @@ class RolloutWorker(Worker):
                         if mode == "train":
                             noise = counter_uniform(seed, msg["env_ids"], msg["sample_step"], self.noise_width)
                             noise = noise.to(self.device)
-                        with span("inference", stage=k):
+                        with span("inference", stage=k), autocast(self.cfg.rollout.model.precision, self.device):
                             out = self.model.predict_action_batch(obs, noise, mode=mode)
-                        reply = {"actions": out["actions"].cpu(), "logprobs": out["logprobs"].cpu(),
-                                 "values": out["values"].cpu(), "version": self.receiver.version}
+                        actions = out["actions"]  # bf16 autocast may make float actions bf16: fp32 for the env
+                        actions = actions.float() if actions.is_floating_point() else actions
+                        reply = {"actions": actions.cpu(), "logprobs": out["logprobs"].float().cpu(),
+                                 "values": out["values"].float().cpu(), "version": self.receiver.version}
                         if "forward_inputs" in out and mode == "train":
                             reply["forward_inputs"] = tree_map(lambda t: t.cpu(), out["forward_inputs"])
                         env_channel.put(reply, key=key)

@@ -38,6 +38,7 @@ from rlinf_mini.scheduler import faults
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
+from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map
 from stages.advantages import calculate_adv_and_returns
 from stages.rollout import actor_pieces
@@ -249,7 +250,9 @@ class ActorWorker(Worker):
     def _micro_batch_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         algo = self.cfg.algorithm
         use_critic = algo.loss_type == "actor_critic"
-        out = self.policy.default_forward(mb["obs"], mb["actions"], compute_values=use_critic)
+        with autocast(self.cfg.actor.model.precision, self.device):  # bf16 on a GPU when asked; fp32 weights
+            out = self.policy.default_forward(mb["obs"], mb["actions"], compute_values=use_critic)
+        out = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in out.items()}
         pg_loss, metrics = compute_ppo_actor_loss(out["logprobs"], mb["old_logprobs"], mb["advantages"],
                                                   mb["loss_mask"], algo.clip_ratio_low, algo.clip_ratio_high,
                                                   algo.clip_ratio_c)

@@ -3,8 +3,14 @@ shared-memory segment."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+
+# The default suite is the CPU suite, on a GPU box too: GPUs are hidden before torch is imported, so every placement
+# means virtual CPU devices. RLINF_MINI_TEST_GPU=1 keeps them, for the tests marked `gpu` (tests/test_gpu.py).
+if os.environ.get("RLINF_MINI_TEST_GPU") != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import multiprocessing  # noqa: E402
 import sys
 from pathlib import Path
 

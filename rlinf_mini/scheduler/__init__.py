@@ -3,6 +3,7 @@ nothing about RL and imports only itself and `rlinf_mini/config.py`.
 
     cluster.py     Cluster: devices (GPUs or CPU shares) and nodes; picks the backend (cluster.backend)
     placement.py   ProcessPlacement, PlacementStrategy, PlacementMode: what stages/placement.py produces
+    devices.py     which GPU each rank gets, which collective, which weight-sync path (pure functions)
     worker.py      Worker, WorkerGroup, GroupFuture: a call on every rank, its results or its failure
     channel.py     Channel: keyed, bounded producer-consumer queues between any processes
     shm.py         named shared-memory segments, swept when their run ends

@@ -5,11 +5,12 @@
     cluster.shutdown()                 # stops every group and the backend, removes the run's shared memory
 
 Devices are numbered globally, as in RLinf: node n holds devices n*D ... n*D + D - 1 (D = num_devices / num_nodes).
-A rank placed on GPU device d gets CUDA_VISIBLE_DEVICES set to its GPU(s) before torch is imported in it, so inside it
-its GPU is cuda:0 (RLinf binds GPUs the same way, through environment variables); when the placement names more
-devices than a node has GPUs, device d uses GPU d mod the GPU count. Without GPUs, a node's CPU cores are split evenly
-over its D virtual devices; a rank on virtual device d is pinned to that device's cores and gets as many torch
-threads (local backend). So the same YAML runs on a laptop and on a GPU box, and on one backend or another
+A rank placed on GPU device d gets CUDA_VISIBLE_DEVICES set to the d-th entry of the driver's own CUDA_VISIBLE_DEVICES
+(index or UUID, as the user gave it) before torch is imported in it, so inside it its GPU is cuda:0 (RLinf binds GPUs
+the same way, through environment variables); when the placement names more devices than there are GPUs, device d
+uses GPU d mod the GPU count (scheduler/devices.py decides). Without GPUs, a node's CPU cores are split evenly over its
+D virtual devices; a rank on virtual device d is pinned to that device's cores and gets as many torch threads (local
+backend). So the same YAML runs on a laptop and on a GPU box, and on one backend or another
 (`cluster.backend`: backend.py).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py::Cluster` (a Ray-based singleton with node probes and manager
@@ -23,7 +24,7 @@ import os
 import time
 
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.scheduler import shm
+from rlinf_mini.scheduler import devices, shm
 from rlinf_mini.scheduler.backend import Backend, RankSpec
 from rlinf_mini.scheduler.placement import ProcessPlacement
 
@@ -50,9 +51,10 @@ class Cluster:
         self.cfg = cfg
         self.num_gpus = torch.cuda.device_count()
         self.device_type = "cuda" if self.num_gpus else "cpu"
-        self.num_devices = cfg.num_devices
+        self.visible_gpus = devices.visible_gpus(os.environ, self.num_gpus)  # the driver's GPUs, as the user named them
+        self.num_devices = devices.resolve_num_devices(cfg.num_devices, self.num_gpus)  # -1: every visible GPU
         self.num_nodes = cfg.num_nodes
-        self.devices_per_node = cfg.num_devices // cfg.num_nodes
+        self.devices_per_node = self.num_devices // cfg.num_nodes
         self.timeout_s = cfg.timeout_s
         self.run_id = shm.new_run_id()
         shm.sweep_dead_runs()  # segments of earlier runs whose driver was killed (kill -9 leaves them behind)
@@ -79,9 +81,8 @@ class Cluster:
         gpus: tuple[str, ...] = ()
         cores: tuple[int, ...] = ()
         if self.device_type == "cuda":
-            # more devices than GPUs: they share
-            gpus = tuple(str(i) for i in sorted({d % self.num_gpus for d in placement.devices}))
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+            env |= devices.rank_device_env(placement.devices, self.num_devices, self.visible_gpus)
+            gpus = tuple(env["CUDA_VISIBLE_DEVICES"].split(","))
         else:
             cores = tuple(sorted({c for d in placement.devices for c in self.device_cores(d)}))
             env |= {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(cores)), "MKL_NUM_THREADS": str(len(cores))}

@@ -106,9 +106,13 @@ def _reduce_tensor(obj: torch.Tensor) -> tuple:
     (A reducer in the pickler's dispatch_table, not a persistent_id hook: that hook is a Python call for every
     object of every message.)"""
     t = obj.detach() if obj.requires_grad else obj
-    if not t.is_cpu:
-        t = t.cpu()  # CUDA tensors go through host memory here
     nbytes = t.numel() * t.element_size()
+    if not t.is_cpu:
+        if nbytes >= SHM_MIN_BYTES:  # one copy: device straight into the shared segment, no host temporary
+            seg = _send_pool.acquire(nbytes)
+            _shm_tensor(seg, t.dtype, tuple(t.shape)).copy_(t)  # synchronous D2H (pageable destination)
+            return _rebuild_shm, (seg.name, seg.size, t.dtype, tuple(t.shape))
+        t = t.cpu()  # small: one device-to-host copy, then its bytes inline
     if t.dtype in _NUMPY_DTYPES:  # numpy does the byte work: ~3 us small, ~13 us less than torch for 786 KB
         arr = t.numpy()  # a view; .tobytes() writes C order
         if nbytes < SHM_MIN_BYTES:

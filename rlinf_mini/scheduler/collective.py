@@ -6,6 +6,8 @@
 A collective has `all_reduce(t) -> t` (sum, in place) and `close()`. Two kinds:
 - `TorchDistCollective` (local and ray backends, one process per rank): torch.distributed, gloo on the CPU and NCCL
   on a GPU, with the rendezvous (MASTER_ADDR / MASTER_PORT, RANK, WORLD_SIZE) the backend put in the environment.
+  Ranks that share a GPU (collocated, or more devices than GPUs) use gloo over their CUDA tensors, since NCCL refuses
+  two ranks on one GPU (`devices.collective_backend`); a timed-out all-reduce raises `CollectiveTimeout`.
 - `rlinf_mini.scheduler.inline.InlineCollective` (inline backend, ranks are threads of one process).
 With two ranks every kind gives bitwise the same sums (x + y); with more, the order of the additions may differ.
 
@@ -18,17 +20,52 @@ from __future__ import annotations
 import datetime
 
 
+class CollectiveTimeout(TimeoutError):
+    """An all-reduce (NCCL or gloo) did not complete within cluster.timeout_s: a rank is missing or stuck."""
+
+
 class TorchDistCollective:
     def __init__(self, rank: int, world_size: int, device, timeout_s: float):
+        import os
+
+        import torch
         import torch.distributed as dist
 
-        self._dist = dist
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        from rlinf_mini.scheduler import devices
+
+        self._dist, self.timeout_s = dist, timeout_s
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if device.type != "cuda":
+            self.backend, self.why = "gloo", "CPU tensors"
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+            return
+        torch.cuda.set_device(device)
+        # Which GPU each rank is on is known only to that rank (its CUDA_VISIBLE_DEVICES, set by the Cluster):
+        # exchange it through the rendezvous store, then pick the backend as --explain does (devices.py).
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                              is_master=rank == 0, timeout=timeout)
+        store.set(f"gpus/{rank}", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        rank_gpus = [tuple(store.get(f"gpus/{r}").decode().split(",")) for r in range(world_size)]
+        self.backend, self.why = devices.collective_backend(rank_gpus)
+        if self.backend == "nccl":
+            # Blocking wait: a collective that times out raises in this thread (reported below) instead of the
+            # watchdog aborting the process, which the driver could only report as "died with signal SIGABRT".
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+            dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                    device_id=device)
+        else:  # ranks share a GPU: gloo all-reduces CUDA tensors (staged through host memory)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
 
     def all_reduce(self, t):
-        self._dist.all_reduce(t)
+        try:
+            self._dist.all_reduce(t)
+        except RuntimeError as e:  # DistBackendError is a RuntimeError
+            text = str(e)
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise CollectiveTimeout(f"{self.backend} all_reduce of {tuple(t.shape)} did not complete within "
+                                        f"{self.timeout_s:g} s (cluster.timeout_s): another rank of the group is "
+                                        f"missing or stuck; NCCL_DEBUG=INFO says more") from e
+            raise
         return t
 
     def close(self) -> None:

@@ -114,7 +114,8 @@ class InlineRanks(GroupRanks):
         turn = _Turn(self.backend.turn, len(spec.cores))
         _turn.give, _turn.take = turn.give, turn.take  # for waiting_for_others(), in this thread only
         tracer.set_thread_identity(spec.group_name, spec.rank)
-        device = torch.device(f"cuda:{spec.gpus[0]}" if spec.gpus else "cpu")
+        # a GPU rank computes on the driver's GPU of its first device (spec.gpus may name it by UUID)
+        device = torch.device(f"cuda:{spec.devices[0] % torch.cuda.device_count()}" if spec.gpus else "cpu")
         turn.take()
         try:
             worker = build_worker(spec, device, lambda timeout_s: _Member(self.collective, spec.rank))

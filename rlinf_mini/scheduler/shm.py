@@ -5,11 +5,14 @@ worker is read by another at memory speed. We use plain files (not `multiprocess
 3.11's resource tracker unlinks segments when *any* attaching process exits, and warns about the rest. Every name
 starts with `rlmini_<run_id>_`, so the driver can remove all of a run's segments at shutdown, after a crash of a
 worker, or at Ctrl-C: `sweep(run_id)`. A run id starts with its driver's pid, so the next run removes what a run whose
-driver was killed (kill -9: no cleanup ran) left behind: `sweep_dead_runs()`.
+driver was killed (kill -9: no cleanup ran) left behind: `sweep_dead_runs()`. A segment's memory is reserved when it
+is created (posix_fallocate), so a full /dev/shm (Docker's default is 64 MB) is a `ShmFullError` naming the size and
+the fix at that moment, never a SIGBUS when a page is first touched later.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
@@ -22,6 +25,43 @@ import torch
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 PREFIX = "rlmini_"
 _counter = itertools.count()
+
+
+class ShmFullError(OSError):
+    """/dev/shm cannot hold a segment: one line naming the folder, the bytes needed and free, and the fix."""
+
+    def __init__(self, need: int, what: str, folder: Path | None = None):
+        folder = SHM_DIR if folder is None else folder
+        free = free_bytes(folder)
+        super().__init__(f"{folder} is too small for {what}: needs {_mb(need)}, {_mb(free)} free; give it more "
+                         f"(docker run --shm-size=4g ..., or remount it larger) and check with `df -h {folder}`")
+        self.need, self.free = need, free
+
+    @classmethod
+    def find_in(cls, text: str) -> str | None:
+        """The ShmFullError line of a worker's traceback, if there is one."""
+        prefix = f"{__name__}.{cls.__name__}: "
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                return line.removeprefix(prefix)
+        return None
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def free_bytes(folder: Path = SHM_DIR) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def check_free(need: int, what: str, folder: Path | None = None) -> None:
+    """Raise ShmFullError when `folder` (/dev/shm) has less than `need` bytes free: the driver's check before any
+    worker starts (a segment's own reservation is the guarantee; this makes the common case fail first)."""
+    folder = SHM_DIR if folder is None else folder
+    if free_bytes(folder) < need:
+        raise ShmFullError(need, what, folder)
 
 
 def new_run_id() -> str:
@@ -45,6 +85,7 @@ class SharedSegment:
         try:
             if create:
                 os.ftruncate(fd, size)
+                _reserve(fd, size, name)
             self._mmap = mmap.mmap(fd, size)
         finally:
             os.close(fd)  # the mapping keeps the memory alive
@@ -74,6 +115,20 @@ class SharedSegment:
             pass
         if self.owner:
             unlink(self.name)
+
+
+def _reserve(fd: int, size: int, name: str) -> None:
+    """Allocate the segment's pages now: ftruncate alone makes a sparse file, and touching a page that a full tmpfs
+    cannot back kills the process with SIGBUS. On ENOSPC the half-made file is removed and the error says why."""
+    if size == 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.ENOMEM):
+            raise  # EINVAL / EOPNOTSUPP (a file system without fallocate) propagate too: never a silent SIGBUS
+        unlink(name)
+        raise ShmFullError(size, f"segment {name}") from None
 
 
 def unlink(name: str) -> None:
