@@ -185,3 +185,10 @@ def test_benchmarks_tiny_mode_group_calls_and_the_runner_against_both_plain_loop
     assert "same calls (2 x 16 envs)" in same["baseline_name"] and "1 x 32 envs" in one["baseline_name"]
     assert same["ratio"] == pytest.approx(same["ours"] / same["baseline"])
     assert rows["tracing overhead (embodied_mlp): step time, trace on / off"]["ratio"] > 0
+
+
+def test_every_span_name_of_a_timeline_gets_its_own_colour():
+    names = [f"call_{i}" for i in range(40)] + ["env_step", "inference", "weight_send", "weight_load"]
+    colours = tracer.span_colours(names)
+    assert len(set(colours.values())) == len(names)  # 44 names, 44 colours
+    assert all(len(set(c[:3])) > 1 for c in colours.values())  # no grey: grey is a wait

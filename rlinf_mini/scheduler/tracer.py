@@ -188,7 +188,22 @@ def _depths(spans: list[Span]) -> list[int]:
 
 
 _COLOURS = {"env_step": "tab:blue", "inference": "tab:orange", "forward_backward": "tab:green",
-            "optimizer_step": "tab:red", "weight_send": "tab:purple", "weight_load": "tab:purple"}
+            "optimizer_step": "tab:red", "weight_send": "tab:purple", "weight_load": "tab:pink"}
+
+
+def span_colours(names: list[str]) -> dict[str, tuple]:
+    """A distinct colour for every span name: the fixed ones above, then the next unused colour of tab20, tab20b
+    and tab20c (60 colours, greys left out: grey means waiting)."""
+    from matplotlib import colors as mcolors
+    from matplotlib import colormaps
+
+    fixed = {n: mcolors.to_rgba(c) for n, c in _COLOURS.items()}
+    palette = [c for cmap in ("tab20", "tab20b", "tab20c") for c in colormaps[cmap].colors
+               if len(set(c[:3])) > 1 and mcolors.to_rgba(c) not in fixed.values()]  # a grey has r = g = b
+    out, free = {}, iter(palette)
+    for name in names:
+        out[name] = fixed.get(name) or next(free)
+    return out
 
 
 def write_timeline_png(spans: list[Span], path: Path, title: str = "") -> Path:
@@ -203,9 +218,8 @@ def write_timeline_png(spans: list[Span], path: Path, title: str = "") -> Path:
     row_of = {r: i for i, r in enumerate(rows)}
     t_base = min((s[4] for s in spans), default=0)
     depth = _depths(spans)
-    cmap = plt.get_cmap("Set3")
     names = sorted({s[2] for s in spans if not s[2].startswith("wait")})
-    colour = {n: _COLOURS.get(n) or cmap(i % 12) for i, n in enumerate(names)}
+    colour = span_colours(names)
     fig, ax = plt.subplots(figsize=(14, 1.2 + 0.55 * max(1, len(rows))), dpi=100)
     for i in sorted(range(len(spans)), key=lambda i: depth[i]):  # parents first, nested spans on top
         component, rank, name, stage, start, end = spans[i]
