@@ -97,32 +97,51 @@ class RunnerConfig:
 @dataclass
 class AlgorithmConfig:
     adv_type: Literal["gae", "grpo", "reinpp"] = "gae"
-    """Advantage estimator: 'gae' (needs a value head), 'grpo' (group-normalized episode returns), 'reinpp'
-    (Reinforce++: discounted returns, normalized over the batch)."""
+    """Advantage estimator: 'gae' (critic-free when actor.model.add_value_head is false), 'grpo' (group-normalized
+    first-episode scores), 'reinpp' (Reinforce++: the score at the episode's end, summed back, whitened)."""
     loss_type: Literal["actor_critic", "actor"] = "actor_critic"
-    """'actor_critic' = PPO policy loss + clipped value loss; 'actor' = policy loss only (GRPO, Reinforce++)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    gae_lambda: float = 0.95
-    """GAE lambda."""
+    """'actor_critic' = PPO policy loss + clipped Huber value loss; 'actor' = policy loss only (GRPO, Reinforce++)."""
+    gamma: float = 1.0
+    """Discount factor of GAE (RLinf's default 1; Reinforce++ and GRPO never discount, as in RLinf)."""
+    gae_lambda: float = 1.0
+    """GAE lambda (RLinf's default 1)."""
     group_size: int = 1
-    """GRPO group size: this many consecutive envs share each reset state (must equal env.train.group_size)."""
+    """GRPO / Reinforce++ baseline group size: this many consecutive envs share each reset state (must equal
+    env.train.group_size). RLinf's actor falls back to 8 when the key is absent; 1 here matches env.train's default."""
     normalize_advantages: bool = True
-    """Normalize advantages to mean 0, std 1 over the whole global batch (GAE)."""
+    """GAE: whiten advantages with RLinf's safe_normalize ((A - mean) / (unbiased std + 1e-5), statistics over the
+    loss mask, applied to every entry). Differs on purpose: the statistics are over every actor rank (RLinf: per
+    rank), and the key is read (RLinf 0.3.0's embodied actor always whitens)."""
+    normalize_returns: bool = False
+    """GAE: whiten the returns (the value head's target) the same way."""
     use_reinpp_baseline: bool = False
-    """Reinforce++: subtract the group mean of episode scores before normalizing."""
-    update_epoch: int = 4
-    """Passes over the rollout batch per training step."""
+    """Reinforce++: subtract the group mean of the first-episode scores before placing them (RLinf 0.3.0 fails on
+    this; here it does what its comment says)."""
+    kl_beta: float = 0.0
+    """Weight of the KL penalty against the reference policy (the actor's initial weights) added to the loss:
+    kl_beta * mean(kl_penalty(logprobs, ref_logprobs)). RLinf reads it in its reasoning actor only."""
+    kl_penalty_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
+    """How the per-sample KL is estimated (RLinf's kl_penalty): kl/k1, abs, mse/k2, low_var_kl/k3."""
+    reinpp_kl_beta: float = 0.0
+    """Reinforce++: subtract reinpp_kl_beta * kl_penalty(rollout logprobs, reference logprobs) from every step's
+    reward before summing back."""
+    update_epoch: int = 1
+    """Passes over the rollout batch per training step (RLinf's default 1)."""
     clip_ratio_low: float = 0.2
     """PPO: ratio is clipped below at 1 - clip_ratio_low."""
     clip_ratio_high: float = 0.2
     """PPO: ratio is clipped above at 1 + clip_ratio_high."""
-    clip_ratio_c: float = 3.0
-    """Dual clip (> 1): for negative advantages the loss is capped at -A * clip_ratio_c."""
+    clip_ratio_c: float | None = 3.0
+    """Dual clip (> 1): for negative advantages the loss is capped at -A * clip_ratio_c; null = no dual clip.
+    RLinf 0.3.0's embodied actor passes it only for GR00T models; here every model gets it."""
     value_clip: float = 0.2
-    """Clipped value loss: new values may move at most this far from the rollout's values (<= 0: no clipping)."""
-    value_loss_coef: float = 0.5
-    """rlinf_mini: weight of the value loss in the total loss."""
+    """Clipped value loss: new values may move at most this far from the rollout's values (<= 0: no clipping; RLinf
+    has no default and no off switch)."""
+    huber_delta: float = 10.0
+    """Value loss: Huber with this delta (0.5 e^2 below it, linear beyond). RLinf has no default; 10.0 is what its
+    embodied PPO examples set."""
+    value_loss_coef: float = 1.0
+    """rlinf_mini: weight of the value loss in the total loss (1 = RLinf's actor_loss + critic_loss)."""
     entropy_bonus: float = 0.0
     """Weight of the entropy term subtracted from the loss."""
 
@@ -218,7 +237,7 @@ class ModelConfig:
     max_prompt_length: int = 8
     """tiny_vla: instruction tokens (padded or truncated to this length)."""
     add_value_head: bool = True
-    """Add a value head (needed by adv_type 'gae')."""
+    """Add a value head (needed by loss_type 'actor_critic'; without one, adv_type 'gae' is critic-free)."""
     precision: str = "32"
     """Parameter precision; only '32' on CPU."""
 
@@ -565,7 +584,7 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
                            ("rollout.model.precision", cfg.rollout.model.precision)):
         if precision != "32":
             fail(key, f"only '32' is supported, got {precision!r}")
-    for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef"):
+    for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef", "kl_beta", "reinpp_kl_beta"):
         if getattr(cfg.algorithm, key) < 0:
             fail(f"algorithm.{key}", f"must be >= 0, got {getattr(cfg.algorithm, key)}")
     if cfg.cluster.num_nodes != 1:
@@ -574,12 +593,12 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("env.train.group_size", f"{cfg.env.train.group_size} != algorithm.group_size={cfg.algorithm.group_size}")
     if cfg.algorithm.adv_type == "grpo" and cfg.algorithm.group_size < 2:
         fail("algorithm.group_size", f"GRPO normalizes within groups: needs >= 2, got {cfg.algorithm.group_size}")
-    if cfg.algorithm.adv_type == "gae" and not cfg.actor.model.add_value_head:
-        fail("actor.model.add_value_head", "adv_type 'gae' needs a value head")
     if cfg.algorithm.loss_type == "actor_critic" and not cfg.actor.model.add_value_head:
         fail("algorithm.loss_type", "'actor_critic' needs actor.model.add_value_head: true")
-    if cfg.algorithm.clip_ratio_c <= 1.0:
-        fail("algorithm.clip_ratio_c", f"the dual clip must be > 1, got {cfg.algorithm.clip_ratio_c}")
+    if cfg.algorithm.clip_ratio_c is not None and cfg.algorithm.clip_ratio_c <= 1.0:
+        fail("algorithm.clip_ratio_c", f"the dual clip must be > 1 (null: none), got {cfg.algorithm.clip_ratio_c}")
+    if cfg.algorithm.huber_delta <= 0:
+        fail("algorithm.huber_delta", f"must be positive, got {cfg.algorithm.huber_delta}")
     if not 0 <= cfg.algorithm.gamma <= 1:
         fail("algorithm.gamma", f"must be in [0, 1], got {cfg.algorithm.gamma}")
     if not 0 <= cfg.algorithm.gae_lambda <= 1:
