@@ -55,8 +55,6 @@ class ClusterConfig:
 class LoggerConfig:
     log_path: str = "results"
     """Folder under which each run writes <experiment_name>/ (metrics, resolved config, checkpoints)."""
-    project_name: str = "rlinf_mini"
-    """Project name (kept for parity with RLinf's loggers)."""
     experiment_name: str = "default"
     """Run folder name under log_path."""
     logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
@@ -266,19 +264,14 @@ class OptimConfig:
 
 
 @dataclass
-class TokenizerConfig:
-    tokenizer_model: str = ""
-    """A tokenizer folder, for language-conditioned models ('' for state policies)."""
-
-
-@dataclass
 class ActorConfig:
     group_name: str = "ActorGroup"
     """Worker group name."""
     global_batch_size: int = 256
     """Samples (chunk steps) per optimizer step, summed over actor ranks."""
-    micro_batch_size: int = 256
-    """Samples per forward/backward on one rank; gradients accumulate over global / (micro x ranks) micro-batches."""
+    micro_batch_size: int = 128
+    """Samples per forward/backward on one rank; gradients accumulate over global / (micro x ranks) micro-batches
+    (128: the defaults' 2 actor ranks x 128 = global_batch_size 256, so the defaults alone form a valid run)."""
     seed: int = 1234
     """Seed of the model's initialization and the minibatch shuffle."""
     skip_nonfinite: bool = False
@@ -287,8 +280,6 @@ class ActorConfig:
     """The policy."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The optimizer."""
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    """The tokenizer (language-conditioned models only)."""
 
 
 @dataclass
