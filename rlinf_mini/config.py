@@ -414,16 +414,16 @@ def _dataclass_from_dict(cls: type, data: dict, path: str, source: str) -> Any:
     return cls(**kwargs)
 
 
-def unknown_keys(cls: type, data: dict, path: str = "") -> list[str]:
-    """Every key path in `data` that the schema `cls` does not have, each with a hint where one is right: a near
-    spelling (difflib ratio >= 0.85) of a key that the same mapping does not already set."""
+def unknown_keys(cls: type, data: dict, path: str = "") -> list[tuple[str, str]]:
+    """Every key path in `data` that the schema `cls` does not have, with a hint where one is likely right (a near
+    spelling: difflib ratio >= 0.85, so `temperature_eval` does not suggest `temperature_train`), else ''."""
     hints = typing.get_type_hints(cls)
     out = []
     for key, value in _with_make_kwargs(cls, data).items():
         key_path = f"{path}.{key}" if path else str(key)
         if key not in hints:
-            close = [c for c in difflib.get_close_matches(str(key), list(hints), n=3, cutoff=0.85) if c not in data]
-            out.append(f"{key_path} (did you mean {close[0]!r}?)" if close else key_path)
+            close = difflib.get_close_matches(str(key), list(hints), n=1, cutoff=0.85)
+            out.append((key_path, f" (did you mean {close[0]!r}?)" if close else ""))
         elif dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
             out += unknown_keys(hints[key], value, key_path)
     return out
@@ -638,9 +638,11 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 def config_from_tree(tree: dict, source: str) -> TrainConfig:
     """A plain dict (from read_yaml_tree) into a TrainConfig: every unknown key at once, then the types."""
     unknown = unknown_keys(TrainConfig, tree)
+    port = "`python -m rlinf_mini.port_config FILE` ports an RLinf file"
+    if len(unknown) == 1:
+        raise ConfigError(f"{source}: {unknown[0][0]}: unknown key{unknown[0][1] or f' ({port})'}")
     if unknown:
-        raise ConfigError(f"{source}: {len(unknown)} unknown key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}"
-                          f" (an RLinf file? `python -m rlinf_mini.port_config FILE` ports it)")
+        raise ConfigError(f"{source}: {len(unknown)} unknown keys: {', '.join(k + h for k, h in unknown)}; {port}")
     return _dataclass_from_dict(TrainConfig, tree, "", source)
 
 

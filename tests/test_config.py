@@ -295,6 +295,8 @@ def test_help_lists_every_key_with_its_docstring(cli_runs):
     leaves = leaf_paths()
     for path, tp in leaves.items():
         dashed = path.replace("_", "-")
+        if path.endswith("init_params.make_kwargs"):  # an empty dict by default: no flags (YAML or key=value)
+            continue
         if typing.get_origin(tp) is dict:  # one flag per key of the dict: a group '<path> options'
             assert f"{dashed} options" in text, path
             assert f"--{dashed}.env,rollout,actor STR" in text, path  # the default's key
