@@ -793,6 +793,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         for k in e.init_params.make_kwargs if e.env_type != "gymnasium" else ():
             fail(f"env.{split}.init_params.{k}", f"unknown key (constructor arguments are passed on for env_type "
                                                 f"gymnasium only; this is {e.env_type!r})")
+        if split == "eval" and e.video_cfg.save_video and e.env_type == "fake" and e.init_params.id == "FakeReach-v0":
+            fail("env.eval.video_cfg.save_video", "FakeReach-v0 draws no frames (PixelReach-v0 and gymnasium do)")
         if e.env_type == "fake" and e.init_params.id not in ("FakeReach-v0", "PixelReach-v0"):
             fail(f"env.{split}.init_params.id",
                  f"unknown fake env id {e.init_params.id!r} (known: 'FakeReach-v0', 'PixelReach-v0')")
