@@ -44,7 +44,8 @@ def small_cfg(tmp_path, placement: dict | None, num_devices: int | None, stages:
 
 GRPO = {"algorithm": {"adv_type": "grpo", "loss_type": "actor", "group_size": 4},
         "env": {"train": {"group_size": 4, "auto_reset": False}}, "actor": {"model": {"add_value_head": False}}}
-REINPP = {"algorithm": {"adv_type": "reinpp", "loss_type": "actor", "group_size": 2, "use_reinpp_baseline": True},
+REINPP = {"algorithm": {"adv_type": "reinpp", "loss_type": "actor", "group_size": 2, "use_reinpp_baseline": True,
+                        "reinpp_kl_beta": 0.01, "kl_beta": 0.01, "kl_penalty_type": "k3"},  # the reference policy
           "env": {"train": {"group_size": 2}}, "runner": {"weight_sync_interval": 2}}
 
 
@@ -75,6 +76,9 @@ def test_same_config_trains_under_every_placement(tmp_path, base, placement, mod
         keys = ["train/actor/policy_loss", "env/reward", "time/generate_rollouts"]
         if cfg.algorithm.loss_type == "actor_critic":
             keys.append("train/critic/value_loss")
+        if cfg.algorithm.kl_beta > 0:  # k3 against the frozen initial weights: > 0 once the policy has moved
+            keys.append("train/actor/kl_loss")
+            assert h["train/actor/kl_loss"] > 0 or h["step"] == 1
         else:
             assert "train/critic/value_loss" not in h
         for key in keys:
