@@ -12,7 +12,9 @@ section 11); the few of ours are marked "rlinf_mini:".
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import difflib
 import io
 import json
 import math
@@ -65,8 +67,6 @@ class ClusterConfig:
 class LoggerConfig:
     log_path: str = "results"
     """Folder under which each run writes <experiment_name>/ (metrics, resolved config, checkpoints)."""
-    project_name: str = "rlinf_mini"
-    """Project name (kept for parity with RLinf's loggers)."""
     experiment_name: str = "default"
     """Run folder name under log_path."""
     logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
@@ -109,32 +109,51 @@ class RunnerConfig:
 @dataclass
 class AlgorithmConfig:
     adv_type: Literal["gae", "grpo", "reinpp"] = "gae"
-    """Advantage estimator: 'gae' (needs a value head), 'grpo' (group-normalized episode returns), 'reinpp'
-    (Reinforce++: discounted returns, normalized over the batch)."""
+    """Advantage estimator: 'gae' (critic-free when actor.model.add_value_head is false), 'grpo' (group-normalized
+    first-episode scores), 'reinpp' (Reinforce++: the score at the episode's end, summed back, whitened)."""
     loss_type: Literal["actor_critic", "actor"] = "actor_critic"
-    """'actor_critic' = PPO policy loss + clipped value loss; 'actor' = policy loss only (GRPO, Reinforce++)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    gae_lambda: float = 0.95
-    """GAE lambda."""
+    """'actor_critic' = PPO policy loss + clipped Huber value loss; 'actor' = policy loss only (GRPO, Reinforce++)."""
+    gamma: float = 1.0
+    """Discount factor of GAE (RLinf's default 1; Reinforce++ and GRPO never discount, as in RLinf)."""
+    gae_lambda: float = 1.0
+    """GAE lambda (RLinf's default 1)."""
     group_size: int = 1
-    """GRPO group size: this many consecutive envs share each reset state (must equal env.train.group_size)."""
+    """GRPO / Reinforce++ baseline group size: this many consecutive envs share each reset state (must equal
+    env.train.group_size). RLinf's actor falls back to 8 when the key is absent; 1 here matches env.train's default."""
     normalize_advantages: bool = True
-    """Normalize advantages to mean 0, std 1 over the whole global batch (GAE)."""
+    """GAE: whiten advantages with RLinf's safe_normalize ((A - mean) / (unbiased std + 1e-5), statistics over the
+    loss mask, applied to every entry). Differs on purpose: the statistics are over every actor rank (RLinf: per
+    rank), and the key is read (RLinf 0.3.0's embodied actor always whitens)."""
+    normalize_returns: bool = False
+    """GAE: whiten the returns (the value head's target) the same way."""
     use_reinpp_baseline: bool = False
-    """Reinforce++: subtract the group mean of episode scores before normalizing."""
-    update_epoch: int = 4
-    """Passes over the rollout batch per training step."""
+    """Reinforce++: subtract the group mean of the first-episode scores before placing them (RLinf 0.3.0 fails on
+    this; here it does what its comment says)."""
+    kl_beta: float = 0.0
+    """Weight of the KL penalty against the reference policy (the actor's initial weights) added to the loss:
+    kl_beta * mean(kl_penalty(logprobs, ref_logprobs)). RLinf reads it in its reasoning actor only."""
+    kl_penalty_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
+    """How the per-sample KL is estimated (RLinf's kl_penalty): kl/k1, abs, mse/k2, low_var_kl/k3."""
+    reinpp_kl_beta: float = 0.0
+    """Reinforce++: subtract reinpp_kl_beta * kl_penalty(rollout logprobs, reference logprobs) from every step's
+    reward before summing back."""
+    update_epoch: int = 1
+    """Passes over the rollout batch per training step (RLinf's default 1)."""
     clip_ratio_low: float = 0.2
     """PPO: ratio is clipped below at 1 - clip_ratio_low."""
     clip_ratio_high: float = 0.2
     """PPO: ratio is clipped above at 1 + clip_ratio_high."""
-    clip_ratio_c: float = 3.0
-    """Dual clip (> 1): for negative advantages the loss is capped at -A * clip_ratio_c."""
+    clip_ratio_c: float | None = 3.0
+    """Dual clip (> 1): for negative advantages the loss is capped at -A * clip_ratio_c; null = no dual clip.
+    RLinf 0.3.0's embodied actor passes it only for GR00T models; here every model gets it."""
     value_clip: float = 0.2
-    """Clipped value loss: new values may move at most this far from the rollout's values (<= 0: no clipping)."""
-    value_loss_coef: float = 0.5
-    """rlinf_mini: weight of the value loss in the total loss."""
+    """Clipped value loss: new values may move at most this far from the rollout's values (<= 0: no clipping; RLinf
+    has no default and no off switch)."""
+    huber_delta: float = 10.0
+    """Value loss: Huber with this delta (0.5 e^2 below it, linear beyond). RLinf has no default; 10.0 is what its
+    embodied PPO examples set."""
+    value_loss_coef: float = 1.0
+    """rlinf_mini: weight of the value loss in the total loss (1 = RLinf's actor_loss + critic_loss)."""
     entropy_bonus: float = 0.0
     """Weight of the entropy term subtracted from the loss."""
 
@@ -151,6 +170,9 @@ class InitParams:
     """rlinf_mini, PixelReach-v0: the grid is grid_size x grid_size cells."""
     cell_pixels: int = 4
     """rlinf_mini, PixelReach-v0: each cell is cell_pixels x cell_pixels pixels (image side = grid_size * this)."""
+    make_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
+    """env_type gymnasium: keyword arguments of gymnasium.make. In YAML write them beside id, as RLinf does
+    (`init_params: {id: LunarLander-v3, continuous: true}`): every init_params key not named above lands here."""
 
 
 @dataclass
@@ -230,7 +252,7 @@ class ModelConfig:
     max_prompt_length: int = 8
     """tiny_vla: instruction tokens (padded or truncated to this length)."""
     add_value_head: bool = True
-    """Add a value head (needed by adv_type 'gae')."""
+    """Add a value head (needed by loss_type 'actor_critic'; without one, adv_type 'gae' is critic-free)."""
     precision: str = "32"
     """Parameter precision: '32', or 'bf16' (on a GPU: forward and backward in bfloat16 autocast, fp32 master
     weights and optimizer; a CPU run keeps fp32 and says so at start)."""
@@ -255,19 +277,14 @@ class OptimConfig:
 
 
 @dataclass
-class TokenizerConfig:
-    tokenizer_model: str = ""
-    """A tokenizer folder, for language-conditioned models ('' for state policies)."""
-
-
-@dataclass
 class ActorConfig:
     group_name: str = "ActorGroup"
     """Worker group name."""
     global_batch_size: int = 256
     """Samples (chunk steps) per optimizer step, summed over actor ranks."""
-    micro_batch_size: int = 256
-    """Samples per forward/backward on one rank; gradients accumulate over global / (micro x ranks) micro-batches."""
+    micro_batch_size: int = 128
+    """Samples per forward/backward on one rank; gradients accumulate over global / (micro x ranks) micro-batches
+    (128: the defaults' 2 actor ranks x 128 = global_batch_size 256, so the defaults alone form a valid run)."""
     seed: int = 1234
     """Seed of the model's initialization and the minibatch shuffle."""
     skip_nonfinite: bool = False
@@ -276,8 +293,6 @@ class ActorConfig:
     """The policy."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The optimizer."""
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    """The tokenizer (language-conditioned models only)."""
 
 
 @dataclass
@@ -358,8 +373,15 @@ def _convert(tp: Any, value: Any, path: str, source: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        # component_placement values may be YAML ints (`actor: 0`); keys and values are kept as strings.
-        return {str(k): _convert(str, str(v) if isinstance(v, int) and not isinstance(v, bool) else v,
+        if typing.get_args(tp)[1] is not str:  # init_params.make_kwargs: YAML scalars, kept as they are
+            for k, v in value.items():
+                if not isinstance(v, (bool, int, float, str)):
+                    raise ConfigError(f"{where}.{k}: expected a number, true/false or a string, got {v!r}")
+            return {str(k): v for k, v in value.items()}
+        # component_placement values may be YAML ints (`actor: 0`); keys and values are kept as strings, and
+        # `all` is read in any case, as RLinf does
+        return {str(k): _convert(str, str(v) if isinstance(v, int) and not isinstance(v, bool)
+                                 else ("all" if isinstance(v, str) and v.strip().lower() == "all" else v),
                                  f"{path}.{k}", source)
                 for k, v in value.items()}
     if tp is bool:
@@ -381,18 +403,48 @@ def _convert(tp: Any, value: Any, path: str, source: str) -> Any:
     raise TypeError(f"config.py cannot read type {tp!r} at {path}")  # a schema bug, not a user error
 
 
-def _dataclass_from_dict(cls: type, data: dict, path: str, source: str) -> Any:
+def _with_make_kwargs(cls: type, data: dict) -> dict:
+    """init_params: the keys that are not its fields are gymnasium.make's keyword arguments (make_kwargs)."""
+    if cls is not InitParams:
+        return data
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    extra = {k: v for k, v in data.items() if k not in hints}
+    if not extra:
+        return data
+    kept = {k: v for k, v in data.items() if k in hints}
+    return kept | {"make_kwargs": {**(kept.get("make_kwargs") or {}), **extra}}
+
+
+def _dataclass_from_dict(cls: type, data: dict, path: str, source: str) -> Any:
+    data = _with_make_kwargs(cls, data)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
         key_path = f"{path}.{key}" if path else str(key)
-        if key not in fields:
-            close = [n for n in fields if n.startswith(str(key)[:3])]
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{source}: {key_path}: unknown key{hint}")
+        if key not in fields:  # unknown_keys() reported these before conversion started
+            raise ConfigError(f"{source}: {key_path}: unknown key")
         kwargs[key] = _convert(hints[key], value, key_path, source)
     return cls(**kwargs)
+
+
+def unknown_keys(cls: type, data: dict, path: str = "") -> list[tuple[str, str]]:
+    """Every key path in `data` that the schema `cls` does not have, with a hint where one is likely right (a near
+    spelling: difflib ratio >= 0.85, so `temperature_eval` does not suggest `temperature_train`), else ''."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for key, value in _with_make_kwargs(cls, data).items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1, cutoff=0.85)
+            out.append((key_path, f" (did you mean {close[0]!r}?)" if close else ""))
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+            out += unknown_keys(hints[key], value, key_path)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The YAML tree: strict scalars, no duplicate keys, Hydra `defaults:` lists, `${a.b}` interpolation
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -408,23 +460,209 @@ _YamlLoader.add_implicit_resolver(
     list("-+0123456789."),
 )
 
+# YAML 1.1 numbers that surprise: `1:30` is 90 (base 60) and `010` is 8 (octal); refused, with the text as written
+_SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+_OCTAL = re.compile(r"^[-+]?0[0-7_]+$")
+_INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
 
-def config_from_yaml(file: str | Path) -> TrainConfig:
-    """Read a YAML file into a TrainConfig; keys absent from the file keep their defaults."""
-    file = Path(file)
+
+def _check_nodes(node: yaml.Node, path: str, source: str) -> None:
+    """Walk the composed YAML: a key twice in one mapping, or a sexagesimal / octal number, is a ConfigError."""
+    where = f"{source}: {path}" if path else source
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"{source}: {path + '.' if path else ''}{key}: duplicate key (lines {seen[key]} and "
+                                  f"{line}); YAML would silently keep the last")
+            seen[key] = line
+            _check_nodes(value_node, f"{path}.{key}" if path else key, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_nodes(item, f"{path}[{i}]", source)
+    elif isinstance(node, yaml.ScalarNode) and node.style is None and node.tag in ("tag:yaml.org,2002:int",
+                                                                                   "tag:yaml.org,2002:float"):
+        if _SEXAGESIMAL.match(node.value):
+            raise ConfigError(f"{where}: {node.value} is a YAML 1.1 base-60 number (it would read as "
+                              f"{yaml.safe_load(node.value)}); quote it or write the number you mean")
+        if _OCTAL.match(node.value):
+            raise ConfigError(f"{where}: {node.value} is a YAML 1.1 octal number (it would read as "
+                              f"{yaml.safe_load(node.value)}); write it without the leading 0")
+
+
+def _load_yaml_file(file: Path) -> dict:
     if not file.is_file():
         raise ConfigError(f"{file}: config file not found")
+    loader = _YamlLoader(file.read_text())
     try:
-        data = yaml.load(file.read_text(), Loader=_YamlLoader)
+        node = loader.get_single_node()
+        if node is None:
+            return {}
+        _check_nodes(node, "", str(file))
+        data = loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{file}: YAML syntax error{at}: {getattr(e, 'problem', e)}") from None
-    if data is None:
-        data = {}
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return _dataclass_from_dict(TrainConfig, data, "", str(file))
+    return data
+
+
+def _merge(into: dict, new: dict) -> dict:
+    """Deep merge, `new` wins (OmegaConf.merge for plain dicts)."""
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = copy.deepcopy(v)
+    return into
+
+
+def _place(tree: dict, package: str, value: dict) -> dict:
+    """`value` nested under the dotted `package` ('' = the top)."""
+    for part in reversed([p for p in package.split(".") if p]):
+        value = {part: value}
+    return _merge(tree, value)
+
+
+def _read_with_defaults(file: Path, root: Path, package: str, depth: int = 0) -> dict:
+    """A file and its Hydra `defaults:` list, merged: each entry `group/option[@package]` (or `{group: option}`)
+    reads <dir>/group/option.yaml, <dir> being the including file's folder (the first file's for `/group/...`), and
+    is placed at `package` (default: the group path); `_self_` marks where the file's own keys go (default: last).
+    `override hydra/...` entries configure Hydra itself and are skipped; `optional` entries may be absent."""
+    if depth > 20:
+        raise ConfigError(f"{file}: defaults: lists include each other in a cycle")
+    data = _load_yaml_file(file)
+    entries = data.pop("defaults", []) or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"{file}: defaults: expected a list, got {entries!r}")
+    tree: dict = {}
+    own = {k: v for k, v in data.items()}
+    self_done = False
+    for i, entry in enumerate(entries):
+        where = f"{file}: defaults[{i}]"
+        if entry == "_self_":
+            _place(tree, package, own)
+            self_done = True
+            continue
+        if isinstance(entry, dict) and len(entry) == 1:
+            (group, option), = entry.items()
+            spec = f"{group}/{option}" if option not in (None, "???") else None
+        elif isinstance(entry, str):
+            spec = entry
+        else:
+            raise ConfigError(f"{where}: expected 'group/option' or {{group: option}}, got {entry!r}")
+        if spec is None:
+            continue
+        spec = spec.strip()
+        optional = spec.startswith("optional ")
+        spec = spec.removeprefix("optional ").removeprefix("override ").strip()
+        if spec.startswith("hydra/") or spec.startswith("/hydra/"):
+            continue  # Hydra's own logging / launcher settings
+        path_part, _, at = spec.partition("@")
+        base = root if path_part.startswith("/") else file.parent
+        group = str(Path(path_part.strip("/")).parent).replace("/", ".").strip(".")
+        target = package if at == "_here_" else (at if at else ".".join(p for p in (package, group) if p))
+        sub = base / f"{path_part.strip('/')}.yaml"
+        if not sub.is_file():
+            if optional:
+                continue
+            raise ConfigError(f"{where}: {entry!r}: no file {sub}")
+        _merge(tree, _read_with_defaults(sub, root, target.strip("."), depth + 1))
+    if not self_done:
+        _place(tree, package, own)
+    return tree
+
+
+def _lookup(tree: dict, dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(dotted)
+        node = node[part]
+    return node
+
+
+def resolve_interpolations(tree: dict, source: str, fallback: dict | None = None) -> dict:
+    """Replace `${a.b}` (absolute) and `${..b}` (relative: each dot after the first goes up one level) with the
+    value they point to, in the tree or else in `fallback` (the dataclass defaults). A value that is one whole
+    interpolation keeps the target's type; one inside text becomes text. Resolvers (`${oc.env:X}`) stay as written:
+    rlinf_mini has none, and a key that reads one reports it as a wrong type."""
+
+    def resolve(value: Any, here: list[str], key_path: str, depth: int = 0) -> Any:
+        if isinstance(value, dict):
+            return {k: resolve(v, [*here, str(k)], f"{key_path}.{k}" if key_path else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v, here, f"{key_path}[{i}]") for i, v in enumerate(value)]
+        if not isinstance(value, str) or "${" not in value:
+            return value
+        if depth > 20:
+            raise ConfigError(f"{source}: {key_path}: interpolations point at each other in a cycle")
+
+        def target(expr: str) -> Any:
+            expr = expr.strip()
+            if ":" in expr:
+                return None  # a resolver
+            if expr.startswith("."):
+                dots = len(expr) - len(expr.lstrip("."))
+                parent = here[:-1][: max(len(here) - dots, 0)]
+                expr = ".".join([*parent, expr.lstrip(".")])
+            for where in (tree, fallback or {}):
+                try:
+                    found = _lookup(where, expr)
+                except KeyError:
+                    continue
+                return resolve(found, expr.split("."), expr, depth + 1)
+            raise ConfigError(f"{source}: {key_path}: {value} points to {expr}, which neither the file nor the "
+                              f"defaults have")
+
+        whole = _INTERPOLATION.fullmatch(value)
+        if whole:
+            found = target(whole.group(1))
+            return value if found is None else found
+        return _INTERPOLATION.sub(lambda m: m.group(0) if (t := target(m.group(1))) is None else str(t), value)
+
+    return resolve(tree, [], "")
+
+
+def read_yaml_tree(file: str | Path | None, overrides: list[tuple[str, Any]] = ()) -> dict:
+    """The YAML file as a plain dict: `defaults:` lists merged, `key=value` overrides set (before interpolations
+    resolve, so `${a.b}` sees an overridden a.b, as in Hydra), interpolations resolved."""
+    tree = {} if file is None else _read_with_defaults(Path(file), Path(file).parent, "")
+    for key, value in overrides:
+        _set_dotted(tree, key, value)
+    return resolve_interpolations(tree, str(file or "command line"), config_to_dict(TrainConfig()))
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = tree
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
+
+
+def config_from_tree(tree: dict, source: str) -> TrainConfig:
+    """A plain dict (from read_yaml_tree) into a TrainConfig: every unknown key at once, then the types."""
+    unknown = unknown_keys(TrainConfig, tree)
+    port = "`python -m rlinf_mini.port_config FILE` ports an RLinf file"
+    if len(unknown) == 1:
+        raise ConfigError(f"{source}: {unknown[0][0]}: unknown key{unknown[0][1] or f' ({port})'}")
+    if unknown:
+        raise ConfigError(f"{source}: {len(unknown)} unknown keys: {', '.join(k + h for k, h in unknown)}; {port}")
+    return _dataclass_from_dict(TrainConfig, tree, "", source)
+
+
+def config_from_yaml(file: str | Path) -> TrainConfig:
+    """Read a YAML file into a TrainConfig; keys absent from the file keep their defaults."""
+    return config_from_tree(read_yaml_tree(file), str(file))
 
 
 def config_to_dict(cfg: TrainConfig) -> dict:
@@ -455,23 +693,53 @@ def _one_line_tyro_error(text: str) -> str:
     return lines[1] if len(lines) > 1 else (lines[0] if lines else "invalid command line")
 
 
-def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainConfig:
-    """Parse `[--config FILE] [--section.key VALUE ...]` into a validated TrainConfig.
+_OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)+)=(.*)$", re.S)
 
-    Raises ConfigError (one line, naming the key and the file) on bad input; `--help` prints every key and exits.
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
+    """Hydra-style `section.key=value` arguments (also `+key=value`) -> [(dotted key, YAML value)]; the rest stays.
+    Dashes in the key read as underscores, as tyro's `--section.some-key` does."""
+    rest, overrides = [], []
+    for arg in argv:
+        m = _OVERRIDE.match(arg)
+        if not m or m.group(1).split(".")[0] not in typing.get_type_hints(TrainConfig):
+            rest.append(arg)
+            continue
+        key, text = m.group(1).replace("-", "_"), m.group(2)
+        loader = _YamlLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_nodes(node, key, "command line")
+            value = "" if node is None else loader.construct_document(node)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"command line: {key}: cannot read {text!r} as a YAML value: "
+                              f"{getattr(e, 'problem', e)}") from None
+        finally:
+            loader.dispose()
+        overrides.append((key, value))
+    return rest, overrides
+
+
+def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainConfig:
+    """Parse `[--config FILE] [section.key=value ...] [--section.key VALUE ...]` into a validated TrainConfig.
+
+    Precedence: dataclass defaults < YAML file (with its `defaults:` list) < `key=value` < `--key value`. Raises
+    ConfigError (one line, naming the key and the file) on bad input; `--help` prints every key and exits.
     `validate=False` skips `validate_config` (the types are still checked): `--explain` reports what breaks itself.
     """
     import tyro  # imported here so that reading YAML alone (tests, tutorials) stays light
 
-    argv = _split_config_flag(sys.argv[1:] if argv is None else argv)
-    source, default = "defaults", TrainConfig()
+    argv, overrides = split_overrides(_split_config_flag(sys.argv[1:] if argv is None else argv))
+    file = None
     if "--config" in argv:
         i = argv.index("--config")
         if i + 1 >= len(argv):
             raise ConfigError("command line: --config needs a file")
-        source = argv[i + 1]
-        default = config_from_yaml(source)
+        file = argv[i + 1]
         del argv[i : i + 2]
+    source = (file or "defaults") + (" + command line" if overrides else "")
+    default = config_from_tree(read_yaml_tree(file, overrides), source) if file or overrides else TrainConfig()
     if "-h" in argv or "--help" in argv:
         tyro.cli(TrainConfig, default=default, args=argv, prog="python -m rlinf_mini.train [--config FILE]")
     captured = io.StringIO()
@@ -481,7 +749,7 @@ def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainCo
     except SystemExit:
         raise ConfigError(f"command line: {_one_line_tyro_error(captured.getvalue())}") from None
     if validate:
-        validate_config(cfg, f"{source} + command line" if argv else source)
+        validate_config(cfg, f"{file or 'defaults'} + command line" if argv or overrides else (file or "defaults"))
     return cfg
 
 
@@ -535,6 +803,11 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         }
         if e.step_latency_s < 0:
             fail(f"env.{split}.step_latency_s", f"must be >= 0, got {e.step_latency_s}")
+        for k in e.init_params.make_kwargs if e.env_type != "gymnasium" else ():
+            fail(f"env.{split}.init_params.{k}", f"unknown key (constructor arguments are passed on for env_type "
+                                                f"gymnasium only; this is {e.env_type!r})")
+        if split == "eval" and e.video_cfg.save_video and e.env_type == "fake" and e.init_params.id == "FakeReach-v0":
+            fail("env.eval.video_cfg.save_video", "FakeReach-v0 draws no frames (PixelReach-v0 and gymnasium do)")
         if e.env_type == "fake" and e.init_params.id not in ("FakeReach-v0", "PixelReach-v0"):
             fail(f"env.{split}.init_params.id",
                  f"unknown fake env id {e.init_params.id!r} (known: 'FakeReach-v0', 'PixelReach-v0')")
@@ -580,7 +853,7 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
                            ("rollout.model.precision", cfg.rollout.model.precision)):
         if precision not in PRECISIONS:
             fail(key, f"must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
-    for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef"):
+    for key in ("clip_ratio_low", "clip_ratio_high", "entropy_bonus", "value_loss_coef", "kl_beta", "reinpp_kl_beta"):
         if getattr(cfg.algorithm, key) < 0:
             fail(f"algorithm.{key}", f"must be >= 0, got {getattr(cfg.algorithm, key)}")
     if cfg.cluster.num_nodes != 1 and cfg.cluster.backend != "ray":
@@ -595,12 +868,12 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("env.train.group_size", f"{cfg.env.train.group_size} != algorithm.group_size={cfg.algorithm.group_size}")
     if cfg.algorithm.adv_type == "grpo" and cfg.algorithm.group_size < 2:
         fail("algorithm.group_size", f"GRPO normalizes within groups: needs >= 2, got {cfg.algorithm.group_size}")
-    if cfg.algorithm.adv_type == "gae" and not cfg.actor.model.add_value_head:
-        fail("actor.model.add_value_head", "adv_type 'gae' needs a value head")
     if cfg.algorithm.loss_type == "actor_critic" and not cfg.actor.model.add_value_head:
         fail("algorithm.loss_type", "'actor_critic' needs actor.model.add_value_head: true")
-    if cfg.algorithm.clip_ratio_c <= 1.0:
-        fail("algorithm.clip_ratio_c", f"the dual clip must be > 1, got {cfg.algorithm.clip_ratio_c}")
+    if cfg.algorithm.clip_ratio_c is not None and cfg.algorithm.clip_ratio_c <= 1.0:
+        fail("algorithm.clip_ratio_c", f"the dual clip must be > 1 (null: none), got {cfg.algorithm.clip_ratio_c}")
+    if cfg.algorithm.huber_delta <= 0:
+        fail("algorithm.huber_delta", f"must be positive, got {cfg.algorithm.huber_delta}")
     if not 0 <= cfg.algorithm.gamma <= 1:
         fail("algorithm.gamma", f"must be in [0, 1], got {cfg.algorithm.gamma}")
     if not 0 <= cfg.algorithm.gae_lambda <= 1:

@@ -32,6 +32,14 @@ from rlinf_mini.scheduler.worker import WorkerGroup
 from rlinf_mini.utils.learning_curve import plot_learning_curve
 from rlinf_mini.utils.metric_logger import MetricLogger
 
+RUN_FILES = ("metrics.jsonl", "checkpoints", "tensorboard")  # what a run leaves in its folder
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether an earlier run wrote into `run_dir`: a new run there must resume it, or it would mix two runs' metrics
+    and leave the old checkpoints where `resume_dir: auto` finds them."""
+    return any((Path(run_dir) / name).exists() for name in RUN_FILES)
+
 
 def find_latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint folder (incomplete ones are still named .tmp and are ignored)."""
@@ -140,21 +148,7 @@ class EmbodiedRunner:
                 self.update_rollout_weights()
                 self._log(self.evaluate(), step=0, bar=bar)
             while self.global_step < self.max_steps:
-                self.timings = {}
-                metrics: dict[str, float] = {}
-                with self.timer("step"):
-                    self.actor.set_global_step(self.global_step).wait()
-                    with self.timer("sync_weights"):
-                        if self.global_step % cfg.weight_sync_interval == 0:
-                            metrics |= self.update_rollout_weights()
-                    with self.timer("generate_rollouts"):
-                        metrics |= self.generate_rollouts()
-                    with self.timer("cal_adv_and_returns"):
-                        metrics |= self.actor.compute_advantages_and_returns().wait()[0]
-                    with self.timer("actor_training"):
-                        metrics |= self.actor.run_training().wait()[0]
-                self.global_step += 1
-                metrics |= self.timings
+                metrics = self.train_step()
                 if self.cfg.runner.trace:
                     metrics |= self.gather_trace()
                     if self.global_step == self.TRACE_FILE_STEPS:
@@ -176,6 +170,25 @@ class EmbodiedRunner:
             self.logger.close()
         plot_learning_curve(self.history, self.run_dir / "learning_curve.png")
         return self.history
+
+    def train_step(self) -> dict[str, float]:
+        """One training step, the four phases in order (tests and tutorials call this, not a copy of it); returns
+        the step's metrics with its timings. global_step counts the steps done."""
+        self.timings = {}
+        metrics: dict[str, float] = {}
+        with self.timer("step"):
+            self.actor.set_global_step(self.global_step).wait()
+            with self.timer("sync_weights"):
+                if self.global_step % self.cfg.runner.weight_sync_interval == 0:
+                    metrics |= self.update_rollout_weights()
+            with self.timer("generate_rollouts"):
+                metrics |= self.generate_rollouts()
+            with self.timer("cal_adv_and_returns"):
+                metrics |= self.actor.compute_advantages_and_returns().wait()[0]
+            with self.timer("actor_training"):
+                metrics |= self.actor.run_training().wait()[0]
+        self.global_step += 1
+        return metrics | self.timings
 
     # --- timeline ------------------------------------------------------------------------------------------------
 
@@ -233,7 +246,8 @@ class EmbodiedRunner:
         self.actor.execute_on(0).save_checkpoint(str(tmp / "actor")).wait()
         torch.save(self.env.get_state().wait(), tmp / "env.pt")
         # every rank's global generators (python, numpy, torch): a resumed worker draws what it would have drawn
-        torch.save({g.name: g.get_rng_state().wait() for g in (self.actor, self.rollout, self.env)}, tmp / "rng.pt")
+        torch.save({g.name: [_rng_to_plain(s) for s in g.get_rng_state().wait()]
+                    for g in (self.actor, self.rollout, self.env)}, tmp / "rng.pt")
         (tmp / "runner.json").write_text(json.dumps({"global_step": self.global_step}))
         if final.exists():
             shutil.rmtree(final)
@@ -244,18 +258,29 @@ class EmbodiedRunner:
         if not (folder / "runner.json").is_file():
             raise FileNotFoundError(f"runner.resume_dir: {folder} is not a complete checkpoint (no runner.json)")
         self.actor.load_checkpoint(str(folder / "actor")).wait()
-        env_states = torch.load(folder / "env.pt", weights_only=False)
+        env_states = torch.load(folder / "env.pt", weights_only=True)  # a checkpoint from elsewhere runs no code
         if len(env_states) != self.env.world_size:
             raise ValueError(f"runner.resume_dir: {folder} has {len(env_states)} env ranks, this run has "
                              f"{self.env.world_size}")
         for rank, state in enumerate(env_states):
             self.env.execute_on(rank).set_state(state).wait()
-        rng = torch.load(folder / "rng.pt", weights_only=False) if (folder / "rng.pt").is_file() else {}
+        rng = torch.load(folder / "rng.pt", weights_only=True) if (folder / "rng.pt").is_file() else {}
         for group in (self.actor, self.rollout, self.env):
-            states = rng.get(group.name, [])
+            states = [_rng_from_plain(s) for s in rng.get(group.name, [])]
             for rank, state in enumerate(states[: group.world_size]):  # a different world size: new ranks unseeded
                 group.execute_on(rank).set_rng_state(state).wait()
         self.global_step = json.loads((folder / "runner.json").read_text())["global_step"]
+
+
+def _rng_to_plain(state: dict) -> dict:
+    """numpy's generator state holds an ndarray, which torch.load(weights_only=True) refuses: store it as a tensor."""
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    return state | {"numpy": (name, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)}
+
+
+def _rng_from_plain(state: dict) -> dict:
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    return state | {"numpy": (name, keys.numpy().astype("uint32"), pos, has_gauss, gauss)}
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:

@@ -76,6 +76,11 @@ class RunPlan:
             except ValueError as e:
                 raise ConfigError(f"{source}: rollout.model.model_path: {str(e).split(': ', 1)[-1]}") from None
         self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
+        from rlinf_mini.runner import holds_a_run
+
+        if cfg.runner.resume_dir is None and holds_a_run(self.run_dir):  # never mix two runs in one folder
+            raise ConfigError(f"{source}: runner.logger.experiment_name: {self.run_dir} already holds a run; resume it "
+                              f"with runner.resume_dir=auto or pick another runner.logger.experiment_name")
 
 
 def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa: F821

@@ -1,68 +1,97 @@
 """Stage 4 of one RL step: turn a rollout's rewards (and values) into advantages, returns and a loss mask.
 
-    out = calculate_adv_and_returns(cfg.algorithm, rewards, values, dones)
+    out = calculate_adv_and_returns(cfg.algorithm, rewards, values, dones)   # all_reduce=... over actor ranks
     out["advantages"], out["returns"], out["loss_mask"]   # each [T, B]; loss_mask is bool
 
-Inputs, one column per env, one row per env step:
-    rewards [T, B] float   reward of step t
-    values  [T+1, B] float value of the obs before step t; values[T] bootstraps the obs after the last step (GAE only)
-    dones   [T, B] bool    the episode ended at step t, so values[t+1] (and everything later) is a new episode
+Inputs, one column per env, one row per env step: rewards [T, B]; values [T+1, B] (values[T] bootstraps the obs after
+the last step; None = no value head); dones [T, B] bool (the episode ended at step t). Estimators (`adv_type`):
+gae (GAE, https://arxiv.org/abs/1506.02438; critic-free without values), grpo (first-episode score normalized within
+groups of G envs), reinpp (Reinforce++: the score placed at the episode's last step, minus an optional KL penalty
+per step, summed backwards, whitened over the loss mask).
 
-Estimators, chosen by `cfg.adv_type`:
-    gae     Generalized Advantage Estimation (https://arxiv.org/abs/1506.02438), as in CleanRL's ppo.py.
-    grpo    one score per env (its first episode's summed reward), normalized within each group of G envs that share a
-            reset state; only the first episode is trained (loss_mask).
-    reinpp  Reinforce++: discounted returns, optionally minus the group mean score, whitened over the whole batch.
-
-RLinf counterpart: `rlinf/algorithms/advantages.py` (`compute_gae_advantages_and_returns`, `compute_grpo_advantages`,
-`compute_reinpp_advantages`), `rlinf/algorithms/utils.py` (`calculate_scores`, `safe_normalize`) and
-`rlinf/algorithms/registry.py::calculate_adv_and_returns`. One difference in layout: RLinf pads dones to [T+1, B] and
-reads dones[t+1] where we read dones[t] (same flag, shifted by one row).
-
-Left out: the registry and its **kwargs (an explicit if/elif instead), action-chunk reshaping ([n_chunk, B, C] ->
-[T, B] is the caller's job), the KL penalty in Reinforce++ rewards, normalize_returns, critic-free GAE, and the
-other estimators (grpo_video, grpo_dynamic, opd, raw).
-
-Next stage: `stages/train.py` (PPO / actor-only updates on these advantages).
+RLinf counterpart: `rlinf/algorithms/advantages.py`, `rlinf/algorithms/utils.py` (`calculate_scores`,
+`safe_normalize`, `kl_penalty`), `rlinf/algorithms/registry.py::calculate_adv_and_returns`. RLinf pads dones to
+[T+1, B] and reads dones[t+1] where we read dones[t]. Left out: the registry and its **kwargs, chunk reshaping,
+grpo_video / grpo_dynamic / opd / raw. Next stage: `stages/train.py`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from rlinf_mini.config import AlgorithmConfig
 
+AllReduce = Callable[[Tensor], Tensor]  # sums a tensor over the actor ranks (identity on one rank)
+
+
+def _no_reduce(x: Tensor) -> Tensor:
+    return x
+
+
+def masked_moments(x: Tensor, mask: Tensor | None,
+                   all_reduce: AllReduce | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean, sum of squared deviations, count) of x over the entries where mask is True, over every actor rank.
+
+    Two passes (mean first, then squared deviations) rather than E[x^2] - E[x]^2, which cancels badly in float32.
+    `all_reduce` sums over ranks, so 1 rank holding all columns and 2 ranks holding half each get the same numbers.
+    """
+    reduce = all_reduce or _no_reduce
+    m = torch.ones_like(x, dtype=torch.bool) if mask is None else mask.bool()
+    s = reduce(torch.stack([(x * m).sum(), m.sum().to(x.dtype)]))  # [2] sum, count
+    mean = s[0] / s[1].clamp(min=1)
+    sq = reduce(((x - mean) ** 2 * m).sum().reshape(1))[0]  # [1]: collectives want at least one dimension
+    return mean, sq, s[1]
+
+
+def safe_normalize(x: Tensor, mask: Tensor | None = None, all_reduce: AllReduce | None = None) -> Tensor:
+    """RLinf's safe_normalize: (x - mean) / (std + 1e-5), mean and unbiased std over the masked entries, applied to
+    every entry (masked ones included: the loss mask removes them later). No masked entry: x unchanged (RLinf too).
+    One masked entry: RLinf 0.3.0 returns NaN (unbiased std of one number); here x - mean, the std taken as 0."""
+    mean, sq, n = masked_moments(x, mask, all_reduce)
+    if n < 1:
+        return x
+    std = (sq / (n - 1)).sqrt() if n > 1 else torch.zeros_like(mean)
+    return (x - mean) / (std + 1e-5)
+
 
 def first_episode_mask(dones: Tensor) -> Tensor:
-    """[T, B] bool: True from step 0 up to and including each env's first done; all True if it never ends.
+    """[T, B] bool: True up to and including each env's first done (RLinf's compute_loss_mask for auto_reset off).
 
-    GRPO scores one episode per env, the first one: it started from the group's shared reset state, later ones
-    (after an auto-reset) did not.
-    """
-    dones = dones.bool()
-    dones_before = dones.long().cumsum(dim=0) - dones.long()  # [T, B] dones strictly before step t
-    return dones_before == 0
+    GRPO and Reinforce++ score one episode per env, the first: it started from the group's shared reset state."""
+    dones = dones.long()
+    return (dones.cumsum(dim=0) - dones) == 0  # no done strictly before step t
 
 
 def compute_gae_advantages_and_returns(
-    rewards: Tensor, values: Tensor, dones: Tensor, gamma: float, gae_lambda: float
+    rewards: Tensor, values: Tensor | None, dones: Tensor, gamma: float, gae_lambda: float
 ) -> tuple[Tensor, Tensor]:
     """GAE: advantages[t] = sum_k (gamma * lambda)^k * delta[t+k], cut at the end of each episode.
 
-    delta[t] = rewards[t] + gamma * values[t+1] * (1 - dones[t]) - values[t]   (one-step TD error)
-    Returns (advantages [T, B], returns [T, B] = advantages + values[:T], the value head's target).
+    delta[t] = rewards[t] + gamma * values[t+1] * (1 - dones[t]) - values[t];  returns = advantages + values[:T].
+    Critic-free (values None, as RLinf): gamma = lambda = 1 and delta = rewards, so returns = advantages = the
+    undiscounted reward-to-go within the episode. Returns (advantages [T, B], returns [T, B]), not normalized.
     """
     T = rewards.shape[0]
-    nextnonterminal = 1.0 - dones.to(rewards.dtype)  # [T, B] 0 where values[t+1] belongs to a new episode
+    critic_free = values is None
+    if critic_free:
+        gamma, gae_lambda = 1.0, 1.0
+    nextnonterminal = 1.0 - dones.to(rewards.dtype)  # [T, B] 0 where step t+1 belongs to a new episode
     advantages = torch.zeros_like(rewards)  # [T, B]
     lastgaelam = torch.zeros_like(rewards[0])  # [B]
     for t in reversed(range(T)):
-        delta = rewards[t] + gamma * values[t + 1] * nextnonterminal[t] - values[t]  # [B]
+        delta = rewards[t] if critic_free else rewards[t] + gamma * values[t + 1] * nextnonterminal[t] - values[t]
         lastgaelam = delta + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
         advantages[t] = lastgaelam
-    returns = advantages + values[:T]  # [T, B]
+    returns = advantages.clone() if critic_free else advantages + values[:T]  # [T, B]
     return advantages, returns
+
+
+def first_episode_scores(rewards: Tensor, dones: Tensor) -> Tensor:
+    """[B]: each env's undiscounted first-episode return (RLinf's calculate_scores)."""
+    return (rewards * first_episode_mask(dones)).sum(dim=0)
 
 
 def _check_groups(batch_size: int, group_size: int) -> None:
@@ -75,64 +104,51 @@ def compute_grpo_advantages(
 ) -> tuple[Tensor, Tensor]:
     """GRPO: advantage = (score - group mean) / (group std + eps), the same at every step of the first episode.
 
-    score[b] is env b's undiscounted first-episode return; envs b*G .. b*G+G-1 form one group. The std is unbiased
-    (torch.std), like RLinf, so a group needs G >= 2. Steps after the first done get advantage 0 and loss_mask False.
-    Returns (advantages [T, B], loss_mask [T, B] bool).
+    Envs b*G .. b*G+G-1 form one group; the std is unbiased (torch.std), like RLinf, so G >= 2. Steps after the
+    first done get advantage 0 and loss_mask False. Returns (advantages [T, B], loss_mask [T, B] bool).
     """
     B = rewards.shape[1]
     _check_groups(B, group_size)
     if group_size < 2:
         raise ValueError(f"GRPO needs group_size >= 2 to compare episodes within a group, got {group_size}")
     loss_mask = first_episode_mask(dones)  # [T, B]
-    scores = (rewards * loss_mask).sum(dim=0).view(B // group_size, group_size)  # [B/G, G]
+    scores = first_episode_scores(rewards, dones).view(B // group_size, group_size)  # [B/G, G]
     scores = (scores - scores.mean(dim=1, keepdim=True)) / (scores.std(dim=1, keepdim=True) + eps)  # [B/G, G]
-    advantages = scores.view(1, B) * loss_mask  # [T, B]
-    return advantages, loss_mask
+    return scores.view(1, B) * loss_mask, loss_mask
 
 
 def compute_reinpp_advantages(
-    rewards: Tensor, dones: Tensor, gamma: float, group_size: int, use_reinpp_baseline: bool
-) -> tuple[Tensor, Tensor]:
-    """Reinforce++: discounted returns (reset at dones), minus an optional group baseline, whitened over the batch.
+    rewards: Tensor, dones: Tensor, group_size: int, use_reinpp_baseline: bool,
+    kl: Tensor | None = None, kl_beta: float = 0.0, all_reduce: AllReduce | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Reinforce++ (RLinf's compute_reinpp_advantages, with what its comments say it means).
 
-    returns[t] = rewards[t] + gamma * returns[t+1] * (1 - dones[t]). With use_reinpp_baseline, the group mean of the
-    first-episode scores (as in GRPO) is subtracted from every step's return first. Whitening uses the population
-    variance clamped at 1e-8, like RLinf. Returns (advantages [T, B], returns [T, B], without the baseline).
+    score[b] = first-episode return (minus its group's mean with use_reinpp_baseline), put at the episode's last
+    step e[b]; every step gets -kl_beta * kl[t, b] (kl [T, B]: the per-step penalty against the reference policy);
+    returns = reverse cumulative sum over t (undiscounted, as RLinf); advantages = (returns - mean) / sqrt(var),
+    mean and population var over the loss mask (var clamped at 1e-8), applied to every entry, over every actor rank.
+    Two places where RLinf 0.3.0 is wrong and this is not: it finds e[b] from the left-right mirrored column
+    (`loss_mask.fliplr()` flips the env axis, so env b gets env B-1-b's end row), and its baseline returns a
+    1-D score tensor that `scatter_` then rejects (an error for every use_reinpp_baseline: true run).
+    Returns (advantages [T, B], returns [T, B], loss_mask [T, B] bool).
     """
     T, B = rewards.shape
-    nextnonterminal = 1.0 - dones.to(rewards.dtype)  # [T, B]
-    returns = torch.zeros_like(rewards)  # [T, B]
-    running = torch.zeros_like(rewards[0])  # [B]
-    for t in reversed(range(T)):
-        running = rewards[t] + gamma * running * nextnonterminal[t]
-        returns[t] = running
-    advantages = returns
+    loss_mask = first_episode_mask(dones)  # [T, B]
+    scores = first_episode_scores(rewards, dones)  # [B]
     if use_reinpp_baseline:
         _check_groups(B, group_size)
-        scores = (rewards * first_episode_mask(dones)).sum(dim=0).view(B // group_size, group_size)  # [B/G, G]
-        baseline = scores.mean(dim=1, keepdim=True).expand(-1, group_size).reshape(1, B)  # [1, B]
-        advantages = returns - baseline  # [T, B]
-    mean = advantages.mean()
-    var = (advantages - mean).pow(2).mean()
-    advantages = (advantages - mean) * var.clamp(min=1e-8).rsqrt()
-    return advantages, returns
-
-
-def normalize_advantages(advantages: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
-    """Whiten to mean 0, std 1 (population std), with the statistics taken over the entries where mask is True.
-
-    Entries outside the mask are set to 0 so that they carry nothing into the loss. If the masked entries are
-    constant, all advantages are 0 rather than rounding noise divided by eps (RLinf's safe_normalize zeroes them
-    too, but only when std < eps: a float32 constant like 0.1 has a std of ~1e-8 from rounding in the mean).
-    """
-    if mask is None:
-        mask = torch.ones_like(advantages, dtype=torch.bool)
-    valid = advantages[mask]  # [N] the masked-in entries
-    mean, std = valid.mean(), valid.std(correction=0)
-    normalized = (advantages - mean) / (std + eps)
-    constant = std <= eps + 1e-5 * mean.abs()  # a spread below 1e-5 of the mean is float32 rounding, not signal
-    keep = mask & ~constant & torch.isfinite(std)
-    return torch.where(keep, normalized, torch.zeros_like(advantages))
+        grouped = scores.view(B // group_size, group_size)  # [B/G, G]
+        scores = (grouped - grouped.mean(dim=1, keepdim=True)).view(B)
+    last = T - 1 - loss_mask.long().flip(dims=[0]).argmax(dim=0)  # [B] last True row of each column
+    r = torch.zeros_like(rewards).scatter_(0, last.view(1, B), scores.view(1, B))  # [T, B]
+    if kl_beta > 0:
+        if kl is None:
+            raise ValueError("reinpp with reinpp_kl_beta > 0 needs the per-step KL against the reference policy")
+        r = r - kl_beta * kl
+    returns = r.flip(dims=[0]).cumsum(dim=0).flip(dims=[0])  # [T, B]
+    mean, sq, n = masked_moments(returns, loss_mask, all_reduce)
+    var = sq / n.clamp(min=1)
+    return (returns - mean) * var.clamp(min=1e-8).rsqrt(), returns, loss_mask
 
 
 def calculate_adv_and_returns(
@@ -140,27 +156,31 @@ def calculate_adv_and_returns(
     rewards: Tensor,
     values: Tensor | None,
     dones: Tensor,
-    normalize: bool | None = None,
+    all_reduce: AllReduce | None = None,
+    kl: Tensor | None = None,
+    loss_mask: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Run the estimator named by cfg.adv_type; returns {"advantages", "returns", "loss_mask"}, each [T, B].
 
-    `normalize` overrides cfg.normalize_advantages for GAE when not None: pass False when the caller normalizes
-    across ranks itself. GRPO has no critic, so its "returns" are its advantages.
+    GAE's whitening (normalize_advantages, normalize_returns) and Reinforce++'s take their statistics over every
+    actor rank through `all_reduce` (None: this tensor is the whole batch). `kl` [T, B] is the per-step penalty
+    against the reference policy (Reinforce++ with reinpp_kl_beta > 0). GRPO has no critic: returns = advantages.
+    `loss_mask` [T, B] is GAE's (None = every step; RLinf masks the steps after the first done when
+    env.train.auto_reset is off); GRPO and Reinforce++ always train each env's first episode only.
     """
-    all_steps = torch.ones_like(rewards, dtype=torch.bool)  # [T, B]
     if cfg.adv_type == "gae":
-        if values is None:
-            raise ValueError("adv_type 'gae' needs values [T+1, B] from a value head, got None")
+        mask = torch.ones_like(rewards, dtype=torch.bool) if loss_mask is None else loss_mask.bool()  # [T, B]
         advantages, returns = compute_gae_advantages_and_returns(rewards, values, dones, cfg.gamma, cfg.gae_lambda)
-        if cfg.normalize_advantages if normalize is None else normalize:
-            advantages = normalize_advantages(advantages)
-        return {"advantages": advantages, "returns": returns, "loss_mask": all_steps}
+        if cfg.normalize_advantages:
+            advantages = safe_normalize(advantages, mask, all_reduce)
+        if cfg.normalize_returns:
+            returns = safe_normalize(returns, mask, all_reduce)
+        return {"advantages": advantages, "returns": returns, "loss_mask": mask}
     if cfg.adv_type == "grpo":
         advantages, loss_mask = compute_grpo_advantages(rewards, dones, cfg.group_size)
         return {"advantages": advantages, "returns": advantages, "loss_mask": loss_mask}
     if cfg.adv_type == "reinpp":
-        advantages, returns = compute_reinpp_advantages(
-            rewards, dones, cfg.gamma, cfg.group_size, cfg.use_reinpp_baseline
-        )
-        return {"advantages": advantages, "returns": returns, "loss_mask": all_steps}
+        advantages, returns, loss_mask = compute_reinpp_advantages(
+            rewards, dones, cfg.group_size, cfg.use_reinpp_baseline, kl, cfg.reinpp_kl_beta, all_reduce)
+        return {"advantages": advantages, "returns": returns, "loss_mask": loss_mask}
     raise ValueError(f"unknown adv_type {cfg.adv_type!r} (known: 'gae', 'grpo', 'reinpp')")

@@ -1,33 +1,26 @@
 """Stage 5 — train: the actor turns trajectories into a PPO (or GRPO) update, data-parallel over its ranks.
 
     actor.recv_rollout_trajectories(actor_channel)   # its pieces of the batch: obs [T, B, D], ..., values [T+1, B]
-    actor.compute_advantages_and_returns()           # stage 4 on this rank's columns; normalized over all ranks
-    actor.run_training()                             # update_epoch passes; global batch -> micro-batches -> step
+    actor.compute_advantages_and_returns()           # stage 4 on this rank's columns; whitened over all ranks
+    actor.run_training()                             # calls update_policy: epochs -> global batches -> micro-batches
 
-Batch arithmetic (checked before any worker starts, `config.check_batch_arithmetic`): the rollout batch has
-N = total_num_envs x rollout_epoch x T samples (one per chunk step); each actor rank holds N / W_actor of them. One
-optimizer step consumes `global_batch_size` samples over all ranks: global / W per rank, fed in micro-batches of
-`micro_batch_size`, whose gradients accumulate (loss / accumulation steps) before the step. With W > 1 the ranks
-average their gradients before each step with one all-reduce of the flat gradient (`Worker.all_reduce`: gloo on CPU,
-NCCL on GPU, in-process threads on the inline backend) — what DistributedDataParallel does, without its wrapper.
+`update_policy(policy, optimizer, flat, cfg, ...)` is the update as a plain function over flat tensors [N, ...]: one
+optimizer step per global_batch_size / W samples per rank, in micro-batches whose (loss / accumulation) gradients
+add up; with W > 1 ranks `average_gradients` (one all-reduce of the flat gradient, `Worker.all_reduce`) runs before
+each step, what DDP does without its wrapper. The losses are in `stages/losses.py`.
 
-Losses (PPO, Schulman et al. 2017; dual clip, Ye et al. 2020, https://arxiv.org/abs/1912.09729):
-    ratio = exp(logp - old_logp)
-    pg_loss  = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))
-               and, where A < 0, min(that, -A * clip_ratio_c)            (dual clip: caps the loss of a huge ratio)
-    v_loss   = 0.5 * max((V - R)^2, (V_clipped - R)^2),  V_clipped = V_old + clip(V - V_old, -value_clip, value_clip)
-    loss     = pg_loss + value_loss_coef * v_loss - entropy_bonus * entropy      (loss_type "actor": no v_loss)
-
-RLinf counterpart: `rlinf/workers/actor/embodied_fsdp_actor_worker.py::EmbodiedFSDPActor` (recv_rollout_trajectories,
-compute_advantages_and_returns, run_training, sync_model_to_rollout) and `rlinf/algorithms/losses.py`
-(`compute_ppo_actor_loss`, `compute_critic_loss`). Left out: FSDP sharding, LoRA, offload, LR schedules, KL penalty.
+RLinf counterpart: `rlinf/workers/actor/fsdp_actor_worker.py::EmbodiedFSDPActor` (recv_rollout_trajectories,
+compute_advantages_and_returns, run_training, train_micro_batch, sync_model_to_rollout). Left out: FSDP sharding,
+LoRA, offload, LR schedules, critic warm-up. Next: the runner's next step (`rlinf_mini/runner.py`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -40,52 +33,116 @@ from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
 from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map
-from stages.advantages import calculate_adv_and_returns
+from stages.advantages import calculate_adv_and_returns, first_episode_mask
+from stages.losses import compute_ppo_actor_loss, compute_ppo_critic_loss, kl_penalty, masked_mean
 from stages.rollout import actor_pieces
 from stages.sync import WeightBufferHandle, WeightSender
 
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1)
-
-
-def compute_ppo_actor_loss(logprobs, old_logprobs, advantages, loss_mask, clip_ratio_low: float,
-                           clip_ratio_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate with dual clip. All inputs [N]; loss_mask [N] float (1 = counts)."""
-    log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
-    pg_losses3 = -advantages * clip_ratio_c
-    clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
-    with torch.no_grad():
-        metrics = {
-            "actor/ratio": masked_mean(ratio, loss_mask),
-            "actor/approx_kl": masked_mean((ratio - 1) - log_ratio, loss_mask),  # http://joschu.net/blog/kl-approx.html
-            "actor/clip_fraction": masked_mean((pg_losses2 > pg_losses1).float(), loss_mask),
-            "actor/dual_clip_fraction": masked_mean(((clip_pg_losses1 > pg_losses3) & (advantages < 0)).float(),
-                                                    loss_mask),
-        }
-    return masked_mean(pg_losses, loss_mask), metrics
-
-
-def compute_critic_loss(values, old_values, returns, loss_mask, value_clip: float
-                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped value loss. All inputs [N]. value_clip <= 0 turns the clipping off (SB3's default)."""
-    if value_clip <= 0:
-        value_clip = float("inf")
-    values_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
-    v_losses = torch.maximum((values - returns) ** 2, (values_clipped - returns) ** 2)
-    with torch.no_grad():
-        metrics = {"critic/value_clip_ratio": masked_mean(((values - old_values).abs() > value_clip).float(),
-                                                          loss_mask)}
-    return 0.5 * masked_mean(v_losses, loss_mask), metrics
+__all__ = ["ActorWorker", "NonFiniteError", "compute_micro_batch_loss", "compute_ppo_actor_loss",
+           "compute_ppo_critic_loss", "flatten_batch", "masked_mean", "update_policy"]
 
 
 class NonFiniteError(FloatingPointError):
     """A NaN or inf in the loss or the gradients: the step is not taken (and no checkpoint holds it)."""
+
+
+def flatten_batch(batch: dict) -> dict:
+    """A rollout batch [T, B, ...] (after stage 4) -> the flat samples [N = T * B, ...] that update_policy trains on;
+    obs may be a dict (the VLA's images, token ids, action tokens)."""
+    T, B = batch["rewards"].shape
+    flat = {
+        "obs": tree_map(lambda t: t.reshape(T * B, *t.shape[2:]), batch["obs"]),
+        "actions": batch["actions"].reshape(T * B, *batch["actions"].shape[2:]),
+        "old_logprobs": batch["logprobs"].reshape(-1),
+        "old_values": batch["values"][:T].reshape(-1),
+        "advantages": batch["advantages"].reshape(-1),
+        "returns": batch["returns"].reshape(-1),
+        "loss_mask": batch["loss_mask"].reshape(-1).float(),
+    }
+    if "ref_logprobs" in batch:
+        flat["ref_logprobs"] = batch["ref_logprobs"].reshape(-1)
+    return flat
+
+
+def compute_micro_batch_loss(policy: torch.nn.Module, mb: dict, cfg: TrainConfig
+                             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """loss = pg_loss - entropy_bonus * entropy + value_loss_coef * v_loss + kl_beta * kl, on one micro-batch [n]."""
+    algo = cfg.algorithm
+    use_critic = algo.loss_type == "actor_critic"
+    with autocast(cfg.actor.model.precision, next(policy.parameters()).device):  # bf16 on a GPU when asked
+        out = policy.default_forward(mb["obs"], mb["actions"], compute_values=use_critic)
+    out = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in out.items()}
+    pg_loss, metrics = compute_ppo_actor_loss(out["logprobs"], mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
+                                              algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c)
+    entropy = masked_mean(out["entropy"], mb["loss_mask"])
+    loss = pg_loss - algo.entropy_bonus * entropy
+    metrics |= {"actor/policy_loss": pg_loss.detach(), "actor/entropy_loss": entropy.detach()}
+    if use_critic:
+        v_loss, v_metrics = compute_ppo_critic_loss(out["values"], mb["old_values"], mb["returns"], mb["loss_mask"],
+                                                    algo.value_clip, algo.huber_delta)
+        loss = loss + algo.value_loss_coef * v_loss
+        metrics |= v_metrics | {"critic/value_loss": v_loss.detach()}
+    if algo.kl_beta > 0:
+        kl = masked_mean(kl_penalty(out["logprobs"], mb["ref_logprobs"], algo.kl_penalty_type), mb["loss_mask"])
+        loss = loss + algo.kl_beta * kl
+        metrics["actor/kl_loss"] = kl.detach()
+    metrics["actor/total_loss"] = loss.detach()
+    return loss, metrics
+
+
+def _raise_if_not_finite(loss_finite: bool, grad_norm: float, where: str) -> bool:
+    if not (loss_finite and math.isfinite(grad_norm)):
+        raise NonFiniteError(f"non-finite loss or gradient norm ({where})")
+    return True
+
+
+def update_policy(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: dict, cfg: TrainConfig, *,
+                  global_step: int = 0, rank: int = 0, world_size: int = 1,
+                  average_gradients: Callable[[], None] = lambda: None,
+                  step_is_finite: Callable[[bool, float, str], bool] = _raise_if_not_finite,
+                  ) -> tuple[dict[str, float], int]:
+    """`update_epoch` passes over this rank's flat samples [N, ...], one optimizer step per global_batch_size / W.
+
+    Returns (this rank's mean of every metric over the steps taken, the number of steps skipped). The shuffle
+    depends on (seed, step, epoch, rank) only, so a resumed run shuffles the same way.
+    """
+    actor, algo = cfg.actor, cfg.algorithm
+    n = flat["advantages"].shape[0]
+    per_rank_batch = actor.global_batch_size // world_size
+    accum = per_rank_batch // actor.micro_batch_size
+    totals: dict[str, float] = {}
+    count, skipped = 0, 0
+    policy.train()
+    for epoch in range(algo.update_epoch):
+        seed = ((actor.seed * 1_000_003 + global_step) * 1009 + epoch) * 101 + rank
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        for start in range(0, n, per_rank_batch):
+            mb_idx = perm[start : start + per_rank_batch]
+            optimizer.zero_grad(set_to_none=True)
+            step_metrics: list[tuple[str, float]] = []  # this optimizer step's; dropped if it is skipped
+            loss_finite = True
+            for m in range(accum):
+                idx = mb_idx[m * actor.micro_batch_size : (m + 1) * actor.micro_batch_size]
+                mb = {k: tree_map(lambda t, i=idx: t[i], v) for k, v in flat.items()}
+                with span("forward_backward"):
+                    loss, metrics = compute_micro_batch_loss(policy, mb, cfg)
+                    loss = faults.poison(loss)  # NaN only while an injected kind=nan fault fires
+                    loss_finite = loss_finite and bool(torch.isfinite(loss))
+                    (loss / accum).backward()
+                step_metrics += [(k, float(v)) for k, v in metrics.items()]
+            average_gradients()
+            grad_norm = (torch.nn.utils.clip_grad_norm_(policy.parameters(), actor.optim.clip_grad)
+                         if actor.optim.clip_grad > 0 else _grad_norm(policy))
+            if not step_is_finite(loss_finite, float(grad_norm), f"update epoch {epoch}, sample {start}"):
+                skipped += 1
+                continue
+            step_metrics.append(("actor/grad_norm", float(grad_norm) * accum))
+            for k, v in step_metrics:
+                totals[k] = totals.get(k, 0.0) + v
+            count += accum
+            with span("optimizer_step"):
+                optimizer.step()
+    return {k: v / count for k, v in totals.items()}, skipped
 
 
 class ActorWorker(Worker):
@@ -110,6 +167,9 @@ class ActorWorker(Worker):
         self.optimizer = torch.optim.AdamW(groups, betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps,
                                            weight_decay=optim.weight_decay)
         self.sender = WeightSender() if self._rank == 0 else None
+        algo = self.cfg.algorithm  # the reference policy of the KL penalties: the initial weights, frozen
+        wants_ref = algo.kl_beta > 0 or (algo.adv_type == "reinpp" and algo.reinpp_kl_beta > 0)
+        self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False) if wants_ref else None
 
     def set_global_step(self, step: int) -> None:
         self.global_step = step
@@ -135,18 +195,22 @@ class ActorWorker(Worker):
         return self.batch["rewards"].shape[1]
 
     def compute_advantages_and_returns(self) -> dict[str, float]:
-        """Advantages [T, B] on this rank's columns; GAE advantages are whitened over all ranks' samples."""
-        algo, b = self.cfg.algorithm, self.batch
-        normalize_here = algo.adv_type == "gae" and algo.normalize_advantages
-        values = b["values"] if self.cfg.actor.model.add_value_head else None
-        out = calculate_adv_and_returns(algo, b["rewards"], values, b["dones"], normalize=False)
-        adv, mask = out["advantages"], out["loss_mask"].float()
-        if normalize_here:  # global mean/std: identical whether 1 or 2 ranks hold the samples
-            stats = self.all_reduce(torch.stack([(adv * mask).sum(), (adv**2 * mask).sum(), mask.sum()]))
-            mean = stats[0] / stats[2]
-            std = (stats[1] / stats[2] - mean**2).clamp(min=0).sqrt()
-            adv = (adv - mean) / (std + 1e-8) * mask
-        b["advantages"], b["returns"], b["loss_mask"] = adv, out["returns"], mask
+        """Advantages [T, B] on this rank's columns, whitened with statistics over every actor rank."""
+        cfg, b = self.cfg, self.batch
+        if self.ref_policy is not None:  # the reference policy's log-probs of the sampled actions, [T, B]
+            flat_obs = tree_map(lambda t: t.reshape(-1, *t.shape[2:]), b["obs"])
+            with torch.no_grad():
+                ref = self.ref_policy.default_forward(flat_obs, b["actions"].reshape(-1, *b["actions"].shape[2:]),
+                                                      compute_values=False)["logprobs"]
+            b["ref_logprobs"] = ref.view_as(b["logprobs"])
+        kl = (kl_penalty(b["logprobs"], b["ref_logprobs"], cfg.algorithm.kl_penalty_type)
+              if "ref_logprobs" in b else None)
+        gae_mask = None if cfg.env.train.auto_reset else first_episode_mask(b["dones"])  # RLinf's compute_loss_mask
+        values = b["values"] if cfg.actor.model.add_value_head else None  # None: critic-free GAE
+        out = calculate_adv_and_returns(cfg.algorithm, b["rewards"], values, b["dones"], all_reduce=self.all_reduce,
+                                        kl=kl, loss_mask=gae_mask)
+        adv = out["advantages"]
+        b["advantages"], b["returns"], b["loss_mask"] = adv, out["returns"], out["loss_mask"]
         sums = self.all_reduce(torch.stack([b["rewards"].sum(), adv.sum(), out["returns"].sum(),
                                              torch.tensor(float(adv.numel()), device=adv.device)]))
         return {"rollout/rewards": (sums[0] / sums[3]).item(), "rollout/advantages": (sums[1] / sums[3]).item(),
@@ -154,61 +218,17 @@ class ActorWorker(Worker):
                 "rollout/staleness": float(self.global_step - b["versions"].float().mean().item())}
 
     def run_training(self) -> dict[str, float]:
-        """`update_epoch` passes over this rank's samples, in minibatches of global_batch_size / W."""
-        cfg, algo, b = self.cfg.actor, self.cfg.algorithm, self.batch
-        T, B = b["rewards"].shape
-        flat = {  # [T, B, ...] -> [N, ...], N = T * B; obs may be a dict (the VLA's images, token ids, action tokens)
-            "obs": tree_map(lambda t: t.reshape(T * B, *t.shape[2:]), b["obs"]),
-            "actions": b["actions"].reshape(T * B, *b["actions"].shape[2:]),
-            "old_logprobs": b["logprobs"].reshape(-1),
-            "old_values": b["values"][:T].reshape(-1),
-            "advantages": b["advantages"].reshape(-1),
-            "returns": b["returns"].reshape(-1),
-            "loss_mask": b["loss_mask"].reshape(-1),
-        }
-        n = T * B
-        per_rank_batch = cfg.global_batch_size // self._world_size
-        accum = per_rank_batch // cfg.micro_batch_size
-        totals: dict[str, float] = {}
-        count, skipped = 0, 0
-        self.policy.train()
-        for epoch in range(algo.update_epoch):
-            # the shuffle depends on (seed, step, epoch, rank) only: a resumed run shuffles the same way
-            seed = ((cfg.seed * 1_000_003 + self.global_step) * 1009 + epoch) * 101 + self._rank
-            gen = torch.Generator().manual_seed(seed)
-            perm = torch.randperm(n, generator=gen)
-            for start in range(0, n, per_rank_batch):
-                mb_idx = perm[start : start + per_rank_batch]
-                self.optimizer.zero_grad(set_to_none=True)
-                step_metrics: list[tuple[str, float]] = []  # this optimizer step's; dropped if it is skipped
-                loss_finite = True
-                for m in range(accum):
-                    idx = mb_idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]
-                    mb = {k: tree_map(lambda t, i=idx: t[i], v) for k, v in flat.items()}
-                    with span("forward_backward"):
-                        loss, metrics = self._micro_batch_loss(mb)
-                        loss = faults.poison(loss)  # NaN only while an injected kind=nan fault fires
-                        loss_finite = loss_finite and bool(torch.isfinite(loss))
-                        (loss / accum).backward()
-                    step_metrics += [(k, float(v)) for k, v in metrics.items()]
-                self._average_gradients()
-                grad_norm = (torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.clip_grad)
-                             if cfg.optim.clip_grad > 0 else _grad_norm(self.policy))
-                if not self._step_is_finite(loss_finite, float(grad_norm), f"update epoch {epoch}, sample {start}"):
-                    skipped += 1
-                    continue
-                step_metrics.append(("actor/grad_norm", float(grad_norm) * accum))
-                for k, v in step_metrics:
-                    totals[k] = totals.get(k, 0.0) + v
-                count += accum
-                with span("optimizer_step"):
-                    self.optimizer.step()
-        result = torch.tensor([totals[k] / count for k in sorted(totals)], dtype=torch.float32,
-                              device=self.device)  # nccl: on the GPU
+        """`update_epoch` passes over this rank's samples (update_policy); metrics averaged over the ranks."""
+        flat = flatten_batch(self.batch)
+        means, skipped = update_policy(self.policy, self.optimizer, flat, self.cfg, global_step=self.global_step,
+                                       rank=self._rank, world_size=self._world_size,
+                                       average_gradients=self._average_gradients, step_is_finite=self._step_is_finite)
+        keys = sorted(means)
+        result = torch.tensor([means[k] for k in keys], dtype=torch.float32, device=self.device)  # nccl: on the GPU
         result = self.all_reduce(result) / self._world_size
-        out = {f"train/{k}": float(v) for k, v in zip(sorted(totals), result, strict=True)}
-        out["train/lr"] = cfg.optim.lr
-        if cfg.skip_nonfinite:
+        out = {f"train/{k}": float(v) for k, v in zip(keys, result, strict=True)}
+        out["train/lr"] = self.cfg.actor.optim.lr
+        if self.cfg.actor.skip_nonfinite:
             out["train/skipped_steps"] = float(skipped)
         y, v = flat["returns"], flat["old_values"]
         var_y = y.var()
@@ -246,26 +266,6 @@ class ActorWorker(Worker):
         self.log(f"{msg}: step skipped (actor.skip_nonfinite)")
         self.optimizer.zero_grad(set_to_none=True)
         return False
-
-    def _micro_batch_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        algo = self.cfg.algorithm
-        use_critic = algo.loss_type == "actor_critic"
-        with autocast(self.cfg.actor.model.precision, self.device):  # bf16 on a GPU when asked; fp32 weights
-            out = self.policy.default_forward(mb["obs"], mb["actions"], compute_values=use_critic)
-        out = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in out.items()}
-        pg_loss, metrics = compute_ppo_actor_loss(out["logprobs"], mb["old_logprobs"], mb["advantages"],
-                                                  mb["loss_mask"], algo.clip_ratio_low, algo.clip_ratio_high,
-                                                  algo.clip_ratio_c)
-        entropy = masked_mean(out["entropy"], mb["loss_mask"])
-        loss = pg_loss - algo.entropy_bonus * entropy
-        metrics |= {"actor/policy_loss": pg_loss.detach(), "actor/entropy_loss": entropy.detach()}
-        if use_critic:
-            v_loss, v_metrics = compute_critic_loss(out["values"], mb["old_values"], mb["returns"], mb["loss_mask"],
-                                                    algo.value_clip)
-            loss = loss + algo.value_loss_coef * v_loss
-            metrics |= v_metrics | {"critic/value_loss": v_loss.detach()}
-        metrics["actor/total_loss"] = loss.detach()
-        return loss, metrics
 
     # --- checkpoints -------------------------------------------------------------------------------------------------
 

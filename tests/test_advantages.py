@@ -1,11 +1,14 @@
 """Tests for stages/advantages.py.
 
 Oracle tests (as in minGPT's test_huggingface_import): every function against a plain per-env, per-step Python loop
-on scalar floats, on random rewards, values and dones. Invariant tests: properties that hold whatever the inputs.
+on scalar floats written from RLinf's formulas (rlinf/algorithms/advantages.py, utils.py), on random rewards, values
+and dones (several auto-reset episodes per env), in float32 and float64, with masked entries. Where RLinf 0.3.0 is
+wrong (Reinforce++'s end row, its baseline), the reference is what RLinf's comments say and a test shows the gap.
 """
 
 import math
 import statistics
+import threading
 
 import pytest
 import torch
@@ -17,8 +20,9 @@ from stages.advantages import (
     compute_grpo_advantages,
     compute_reinpp_advantages,
     first_episode_mask,
-    normalize_advantages,
+    safe_normalize,
 )
+from stages.losses import kl_penalty
 
 SEEDS = [0, 1, 2]
 TS = [1, 7, 33]
@@ -26,17 +30,24 @@ BS = [1, 4, 12]
 GROUPED_BS_GS = [(4, 2), (4, 4), (12, 3), (12, 4)]  # (B, G) with B % G == 0 and G >= 2
 
 
-def make_rollout(seed: int, T: int, B: int, done_prob: float = 0.2):
-    """Random rewards [T, B], values [T+1, B], dones [T, B] bool."""
+def make_rollout(seed: int, T: int, B: int, done_prob: float = 0.2, dtype=torch.float32):
+    """Random rewards [T, B], values [T+1, B], dones [T, B] bool (auto-reset: an env may end several episodes)."""
     g = torch.Generator().manual_seed(seed)
-    rewards = torch.randn(T, B, generator=g)
-    values = torch.randn(T + 1, B, generator=g)
+    rewards = torch.randn(T, B, generator=g, dtype=torch.float64).to(dtype)
+    values = torch.randn(T + 1, B, generator=g, dtype=torch.float64).to(dtype)
     dones = torch.rand(T, B, generator=g) < done_prob
     return rewards, values, dones
 
 
+def close_atol(dtype) -> float:
+    return 1e-10 if dtype == torch.float64 else 1e-5
+
+
 def close(actual: torch.Tensor, expected) -> bool:
-    return torch.allclose(actual, torch.tensor(expected, dtype=actual.dtype), atol=1e-5)
+    return torch.allclose(actual, torch.tensor(expected, dtype=actual.dtype), atol=close_atol(actual.dtype))
+
+
+DTYPES = [torch.float32, torch.float64]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -57,6 +68,23 @@ def ref_gae(rewards, values, dones, gamma, gae_lambda):
             adv[t][b] = lastgaelam
             ret[t][b] = lastgaelam + v[t][b]
     return adv, ret
+
+
+def ref_critic_free_gae(rewards, dones):
+    """RLinf without values: gamma = lambda = 1, delta = reward, so advantage = return = reward-to-go in the episode."""
+    r, d = rewards.tolist(), dones.tolist()
+    T, B = len(r), len(r[0])
+    out = [[0.0] * B for _ in range(T)]
+    for b in range(B):
+        for t in range(T):
+            total, k = 0.0, t
+            while k < T:
+                total += r[k][b]
+                if d[k][b]:
+                    break
+                k += 1
+            out[t][b] = total
+    return out
 
 
 def ref_first_episode_mask(dones):
@@ -90,34 +118,35 @@ def ref_grpo(rewards, dones, group_size, eps=1e-6):
     return adv, mask
 
 
-def ref_reinpp(rewards, dones, gamma, group_size, use_reinpp_baseline):
-    r, d = rewards.tolist(), dones.tolist()
-    T, B = len(r), len(r[0])
+def ref_reinpp(rewards, dones, group_size, use_reinpp_baseline, kl=None, kl_beta=0.0):
+    """Per env column: the first-episode score (minus the group mean) at the episode's last step, minus kl_beta * kl
+    at every step, summed from the end; whitened by the masked mean and masked population variance (>= 1e-8)."""
+    scores, mask = ref_scores(rewards, dones), ref_first_episode_mask(dones)
+    T, B = len(mask), len(mask[0])
+    if use_reinpp_baseline:
+        scores = [scores[b] - statistics.mean(scores[b // group_size * group_size:(b // group_size + 1) * group_size])
+                  for b in range(B)]
+    k = kl.tolist() if kl is not None else [[0.0] * B for _ in range(T)]
     ret = [[0.0] * B for _ in range(T)]
     for b in range(B):
+        end = max(t for t in range(T) if mask[t][b])
         running = 0.0
         for t in reversed(range(T)):
-            running = r[t][b] + gamma * running * (0.0 if d[t][b] else 1.0)
+            running += (scores[b] if t == end else 0.0) - kl_beta * k[t][b]
             ret[t][b] = running
-    adv = [row[:] for row in ret]
-    if use_reinpp_baseline:
-        scores = ref_scores(rewards, dones)
-        for b in range(B):
-            baseline = statistics.mean(scores[b // group_size * group_size : (b // group_size + 1) * group_size])
-            for t in range(T):
-                adv[t][b] -= baseline
-    flat = [x for row in adv for x in row]
-    mean = statistics.mean(flat)
-    var = statistics.mean([(x - mean) ** 2 for x in flat])
-    adv = [[(x - mean) / math.sqrt(max(var, 1e-8)) for x in row] for row in adv]
-    return adv, ret
+    valid = [ret[t][b] for t in range(T) for b in range(B) if mask[t][b]]
+    mean = statistics.mean(valid)
+    var = statistics.mean([(x - mean) ** 2 for x in valid])
+    adv = [[(x - mean) / math.sqrt(max(var, 1e-8)) for x in row] for row in ret]
+    return adv, ret, mask
 
 
-def ref_normalize(x, mask, eps=1e-8):
+def ref_safe_normalize(x, mask):
+    """RLinf's safe_normalize: mean and unbiased std over the masked entries, (x - mean) / (std + 1e-5) everywhere."""
     xs, m = x.tolist(), mask.tolist()
     valid = [xs[t][b] for t in range(len(xs)) for b in range(len(xs[0])) if m[t][b]]
-    mean, std = statistics.mean(valid), statistics.pstdev(valid)
-    return [[(v - mean) / (std + eps) if m[t][b] else 0.0 for b, v in enumerate(row)] for t, row in enumerate(xs)]
+    mean, std = statistics.mean(valid), statistics.stdev(valid)
+    return [[(v - mean) / (std + 1e-5) for v in row] for row in xs]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -127,14 +156,24 @@ def ref_normalize(x, mask, eps=1e-8):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("T", TS)
 @pytest.mark.parametrize("B", BS)
-def test_gae_matches_reference_loop(seed, T, B):
-    rewards, values, dones = make_rollout(seed, T, B)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gae_matches_reference_loop(seed, T, B, dtype):
+    rewards, values, dones = make_rollout(seed, T, B, dtype=dtype)
     gamma, gae_lambda = 0.9 + 0.03 * seed, 0.8 + 0.05 * seed
     advantages, returns = compute_gae_advantages_and_returns(rewards, values, dones, gamma, gae_lambda)
     ref_adv, ref_ret = ref_gae(rewards, values, dones, gamma, gae_lambda)
-    assert advantages.shape == returns.shape == (T, B)
+    assert advantages.shape == returns.shape == (T, B) and advantages.dtype == dtype
     assert close(advantages, ref_adv)
     assert close(returns, ref_ret)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("T", TS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_critic_free_gae_is_the_reward_to_go_whatever_gamma_and_lambda(seed, T, dtype):
+    rewards, _, dones = make_rollout(seed, T, 5, done_prob=0.3, dtype=dtype)
+    advantages, returns = compute_gae_advantages_and_returns(rewards, None, dones, gamma=0.5, gae_lambda=0.3)
+    assert close(advantages, ref_critic_free_gae(rewards, dones)) and torch.equal(advantages, returns)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -162,24 +201,67 @@ def test_grpo_matches_reference_loop(seed, T, B, G):
 @pytest.mark.parametrize("T", TS)
 @pytest.mark.parametrize(("B", "G"), [(1, 1), *GROUPED_BS_GS])
 @pytest.mark.parametrize("use_reinpp_baseline", [False, True])
-def test_reinpp_matches_reference_loop(seed, T, B, G, use_reinpp_baseline):
-    rewards, _, dones = make_rollout(seed, T, B)
-    gamma = 0.95
-    advantages, returns = compute_reinpp_advantages(rewards, dones, gamma, G, use_reinpp_baseline)
-    ref_adv, ref_ret = ref_reinpp(rewards, dones, gamma, G, use_reinpp_baseline)
-    assert close(returns, ref_ret)
-    assert close(advantages, ref_adv)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reinpp_matches_reference_loop(seed, T, B, G, use_reinpp_baseline, dtype):
+    rewards, _, dones = make_rollout(seed, T, B, dtype=dtype)
+    kl = torch.rand(T, B, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+    for kl_beta in (0.0, 0.3):
+        advantages, returns, mask = compute_reinpp_advantages(rewards, dones, G, use_reinpp_baseline, kl, kl_beta)
+        ref_adv, ref_ret, ref_mask = ref_reinpp(rewards, dones, G, use_reinpp_baseline, kl, kl_beta)
+        assert mask.tolist() == ref_mask
+        assert close(returns, ref_ret)
+        # whitening divides the returns' rounding error by their std (>= 1e-4): scale the tolerance with it
+        valid = returns[mask].double()
+        scale = float(valid.abs().max().clamp(min=1) / valid.var(correction=0).clamp(min=1e-8).sqrt())
+        atol = (1e-12 if dtype == torch.float64 else 1e-6) * scale
+        assert torch.allclose(advantages, torch.tensor(ref_adv, dtype=dtype), atol=max(atol, close_atol(dtype)))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("T", TS)
+@pytest.mark.parametrize("T", [2, 7, 33])
 @pytest.mark.parametrize("B", [4, 12])
-def test_normalize_advantages_matches_reference_loop(seed, T, B):
-    rewards, _, dones = make_rollout(seed, T, B)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_safe_normalize_matches_reference_loop(seed, T, B, dtype):
+    rewards, _, dones = make_rollout(seed, T, B, dtype=dtype)
     mask = first_episode_mask(dones)
-    assert close(normalize_advantages(rewards, mask), ref_normalize(rewards, mask))
+    assert close(safe_normalize(rewards, mask), ref_safe_normalize(rewards, mask))
     everything = torch.ones_like(mask)
-    assert close(normalize_advantages(rewards), ref_normalize(rewards, everything))
+    assert close(safe_normalize(rewards), ref_safe_normalize(rewards, everything))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Where RLinf 0.3.0 is wrong: Reinforce++ finds each env's end row in the mirrored column, and its baseline breaks
+
+
+def rlinf_030_end_rows(loss_mask):
+    """RLinf 0.3.0's `seq_length - 1 - loss_mask.fliplr().argmax(0)`: fliplr flips the env axis of [T, B] (meant:
+    the step axis), so argmax reads another env's column from its first step."""
+    return loss_mask.shape[0] - 1 - loss_mask.long().fliplr().argmax(dim=0)
+
+
+def test_reinpp_places_each_score_at_its_own_episode_end_not_the_mirrored_one():
+    rewards = torch.zeros(5, 2)
+    dones = torch.zeros(5, 2, dtype=torch.bool)
+    dones[1, 0] = True  # env 0's first episode ends at step 1; env 1 runs through step 4
+    rewards[0, 0], rewards[3, 1] = 1.0, 2.0
+    mask = first_episode_mask(dones)
+    # RLinf 0.3.0 takes T - 1 - (first True row of the mirrored column): 4 for both, so env 0's score lands at
+    # step 4, outside its episode, and its masked-in steps 0-1 get a return of 0
+    assert rlinf_030_end_rows(mask).tolist() == [4, 4]
+    _, returns, _ = compute_reinpp_advantages(rewards, dones, 1, False)
+    # the score reaches every step of its own episode: env 0 rows 0-1 carry 1, env 1 rows 0-4 carry 2
+    assert returns[:, 0].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0] and returns[:, 1].tolist() == [2.0] * 5
+
+
+def test_reinpp_baseline_works_where_rlinf_030_raises():
+    rewards, _, dones = make_rollout(5, 7, 4)
+    scores = (rewards * first_episode_mask(dones)).sum(0).view(2, 2)
+    centred = (scores - scores.mean(dim=1, keepdim=True)).view(-1)  # [B] RLinf 0.3.0's baseline output: 1-D
+    index = rlinf_030_end_rows(first_episode_mask(dones)).view(1, -1)  # [1, B]
+    with pytest.raises(IndexError):  # what RLinf 0.3.0's scatter_ does with it
+        torch.zeros(7, 4).scatter_(0, index, centred)
+    advantages, _, _ = compute_reinpp_advantages(rewards, dones, 2, True)
+    assert torch.isfinite(advantages).all()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -275,68 +357,113 @@ def test_grpo_rejects_bad_groups():
 
 
 @pytest.mark.parametrize("use_reinpp_baseline", [False, True])
-def test_reinpp_advantages_are_whitened(use_reinpp_baseline):
+def test_reinpp_advantages_are_whitened_over_the_loss_mask(use_reinpp_baseline):
     rewards, _, dones = make_rollout(3, 33, 12)
-    advantages, _ = compute_reinpp_advantages(rewards, dones, 0.99, 4, use_reinpp_baseline)
-    assert abs(advantages.mean().item()) < 1e-5
-    assert abs(advantages.std(correction=0).item() - 1.0) < 1e-4
+    advantages, _, mask = compute_reinpp_advantages(rewards, dones, 4, use_reinpp_baseline)
+    assert abs(advantages[mask].mean().item()) < 1e-5
+    assert abs(advantages[mask].std(correction=0).item() - 1.0) < 1e-4
 
 
-def test_reinpp_returns_without_dones_are_reverse_cumsum_at_gamma_one():
+def test_reinpp_without_dones_puts_the_whole_return_on_every_step():
     rewards, _, _ = make_rollout(4, 7, 4)
     dones = torch.zeros(7, 4, dtype=torch.bool)
-    _, returns = compute_reinpp_advantages(rewards, dones, 1.0, 1, False)
-    assert torch.allclose(returns, rewards.flip(0).cumsum(0).flip(0), atol=1e-5)
+    _, returns, mask = compute_reinpp_advantages(rewards, dones, 1, False)
+    assert mask.all() and torch.allclose(returns, rewards.sum(0).expand(7, 4), atol=1e-5)
 
 
 def test_reinpp_baseline_changes_the_advantages():
     rewards, _, dones = make_rollout(5, 7, 4)
-    without, returns_a = compute_reinpp_advantages(rewards, dones, 0.99, 2, False)
-    with_baseline, returns_b = compute_reinpp_advantages(rewards, dones, 0.99, 2, True)
-    assert torch.equal(returns_a, returns_b)  # the baseline goes into the advantages only
+    without, _, _ = compute_reinpp_advantages(rewards, dones, 2, False)
+    with_baseline, _, _ = compute_reinpp_advantages(rewards, dones, 2, True)
     assert not torch.allclose(without, with_baseline, atol=1e-3)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_normalize_advantages_masked_statistics(seed):
+def test_safe_normalize_takes_statistics_over_the_mask_and_applies_them_everywhere(seed):
     x, _, dones = make_rollout(seed, 33, 12)
     x = 3.0 * x + 5.0
     mask = first_episode_mask(dones)
-    out = normalize_advantages(x, mask)
+    out = safe_normalize(x, mask)
     assert abs(out[mask].mean().item()) < 1e-5
-    assert abs(out[mask].std(correction=0).item() - 1.0) < 1e-5
-    assert torch.equal(out[~mask], torch.zeros(int((~mask).sum())))
+    assert abs(out[mask].std().item() - 1.0) < 1e-4  # unbiased, as RLinf
+    assert torch.allclose(out[~mask], (x[~mask] - x[mask].mean()) / (x[mask].std() + 1e-5), atol=1e-5)
     x_changed = torch.where(mask, x, torch.full_like(x, 1e6))  # entries outside the mask do not move the statistics
-    assert torch.allclose(normalize_advantages(x_changed, mask), out)
+    assert torch.allclose(safe_normalize(x_changed, mask)[mask], out[mask])
 
 
-@pytest.mark.parametrize("value", [0.0, 0.1, -3.7, 250.0])
-def test_normalize_advantages_of_a_constant_is_zero_not_noise(value):
-    out = normalize_advantages(torch.full((33, 12), value))
-    assert torch.equal(out, torch.zeros(33, 12))
+def test_safe_normalize_edge_cases():
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert torch.equal(safe_normalize(x, torch.zeros(2, 2, dtype=torch.bool)), x)  # nothing selected: unchanged
+    one = torch.tensor([[True, False], [False, False]])
+    assert torch.equal(safe_normalize(x, one), (x - 1.0) / 1e-5)  # RLinf 0.3.0: NaN (unbiased std of one number)
+    assert torch.equal(safe_normalize(torch.full((3, 3), 0.25)), torch.zeros(3, 3))  # a constant: 0 / (0 + 1e-5)
 
 
-def test_normalize_advantages_keeps_a_small_genuine_spread():
-    x, _, _ = make_rollout(0, 33, 12)
-    out = normalize_advantages(1e-4 * x + 1.0)  # std 1e-4 around a mean of 1: small, but real
-    assert abs(out.std(correction=0).item() - 1.0) < 1e-2
+class TwoRanks:
+    """An all-reduce between two threads: each rank's tensor becomes the sum of both, like Worker.all_reduce."""
+
+    def __init__(self):
+        self.barrier, self.slots = threading.Barrier(2), [None, None]
+
+    def all_reduce(self, rank):
+        def reduce(t):
+            self.slots[rank] = t.clone()
+            self.barrier.wait()
+            total = self.slots[0] + self.slots[1]
+            self.barrier.wait()
+            return total
+        return reduce
+
+
+@pytest.mark.parametrize("adv_type", ["gae", "reinpp"])
+def test_whitening_over_two_ranks_equals_whitening_the_whole_batch(adv_type):
+    rewards, values, dones = make_rollout(7, 16, 8, dtype=torch.float64)
+    cfg = AlgorithmConfig(adv_type=adv_type, gamma=0.9, gae_lambda=0.8, normalize_returns=True)
+    whole = calculate_adv_and_returns(cfg, rewards, values, dones)
+    ranks, halves = TwoRanks(), [None, None]
+
+    def run(rank):
+        cols = slice(4 * rank, 4 * rank + 4)
+        halves[rank] = calculate_adv_and_returns(cfg, rewards[:, cols], values[:, cols], dones[:, cols],
+                                                 all_reduce=ranks.all_reduce(rank))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for key in ("advantages", "returns"):
+        torch.testing.assert_close(torch.cat([halves[0][key], halves[1][key]], dim=1), whole[key])
+    alone = calculate_adv_and_returns(cfg, rewards[:, :4], values[:, :4], dones[:, :4])  # per-rank statistics differ
+    assert not torch.allclose(alone["advantages"], whole["advantages"][:, :4])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Dispatch
 
 
-@pytest.mark.parametrize("normalize_cfg", [False, True])
-@pytest.mark.parametrize("normalize_arg", [None, False, True])
-def test_calculate_dispatches_gae(normalize_cfg, normalize_arg):
+@pytest.mark.parametrize("normalize_advantages", [False, True])
+@pytest.mark.parametrize("normalize_returns", [False, True])
+def test_calculate_dispatches_gae(normalize_advantages, normalize_returns):
     rewards, values, dones = make_rollout(0, 7, 4)
-    cfg = AlgorithmConfig(adv_type="gae", gamma=0.9, gae_lambda=0.8, normalize_advantages=normalize_cfg)
-    out = calculate_adv_and_returns(cfg, rewards, values, dones, normalize=normalize_arg)
+    cfg = AlgorithmConfig(adv_type="gae", gamma=0.9, gae_lambda=0.8, normalize_advantages=normalize_advantages,
+                          normalize_returns=normalize_returns)
+    out = calculate_adv_and_returns(cfg, rewards, values, dones)
     advantages, returns = compute_gae_advantages_and_returns(rewards, values, dones, 0.9, 0.8)
-    normalize = normalize_cfg if normalize_arg is None else normalize_arg
-    assert torch.allclose(out["advantages"], normalize_advantages(advantages) if normalize else advantages)
-    assert torch.allclose(out["returns"], returns)
+    assert torch.allclose(out["advantages"], safe_normalize(advantages) if normalize_advantages else advantages)
+    assert torch.allclose(out["returns"], safe_normalize(returns) if normalize_returns else returns)
     assert out["loss_mask"].dtype == torch.bool and out["loss_mask"].shape == (7, 4) and out["loss_mask"].all()
+    mask = first_episode_mask(dones)  # auto_reset off: RLinf whitens over the first episodes only
+    masked = calculate_adv_and_returns(cfg, rewards, values, dones, loss_mask=mask)
+    assert torch.equal(masked["loss_mask"], mask)
+    if normalize_advantages:
+        assert torch.allclose(masked["advantages"], safe_normalize(advantages, mask))
+
+
+def test_calculate_dispatches_critic_free_gae():
+    rewards, _, dones = make_rollout(3, 7, 4)
+    out = calculate_adv_and_returns(AlgorithmConfig(adv_type="gae", normalize_advantages=False), rewards, None, dones)
+    assert close(out["advantages"], ref_critic_free_gae(rewards, dones))
 
 
 def test_calculate_dispatches_grpo():
@@ -350,19 +477,22 @@ def test_calculate_dispatches_grpo():
 
 
 @pytest.mark.parametrize("use_reinpp_baseline", [False, True])
-def test_calculate_dispatches_reinpp(use_reinpp_baseline):
+def test_calculate_dispatches_reinpp_with_its_kl_penalty(use_reinpp_baseline):
     rewards, _, dones = make_rollout(2, 7, 4)
-    cfg = AlgorithmConfig(adv_type="reinpp", gamma=0.9, group_size=2, use_reinpp_baseline=use_reinpp_baseline)
-    out = calculate_adv_and_returns(cfg, rewards, None, dones)
-    advantages, returns = compute_reinpp_advantages(rewards, dones, 0.9, 2, use_reinpp_baseline)
-    assert torch.equal(out["advantages"], advantages)
-    assert torch.equal(out["returns"], returns)
-    assert out["loss_mask"].dtype == torch.bool and out["loss_mask"].all()
+    g = torch.Generator().manual_seed(0)
+    logprobs, ref_logprobs = torch.randn(7, 4, generator=g), torch.randn(7, 4, generator=g)
+    cfg = AlgorithmConfig(adv_type="reinpp", group_size=2, use_reinpp_baseline=use_reinpp_baseline,
+                          reinpp_kl_beta=0.1, kl_penalty_type="k3")
+    kl = kl_penalty(logprobs, ref_logprobs, "k3")
+    out = calculate_adv_and_returns(cfg, rewards, None, dones, kl=kl)
+    advantages, returns, mask = compute_reinpp_advantages(rewards, dones, 2, use_reinpp_baseline, kl, 0.1)
+    assert torch.equal(out["advantages"], advantages) and torch.equal(out["returns"], returns)
+    assert torch.equal(out["loss_mask"], mask)
+    with pytest.raises(ValueError, match="KL"):
+        calculate_adv_and_returns(cfg, rewards, None, dones)
 
 
-def test_calculate_rejects_unknown_adv_type_and_gae_without_values():
+def test_calculate_rejects_unknown_adv_type():
     rewards, values, dones = make_rollout(0, 7, 4)
     with pytest.raises(ValueError, match="adv_type"):
         calculate_adv_and_returns(AlgorithmConfig(adv_type="ppo"), rewards, values, dones)
-    with pytest.raises(ValueError, match="values"):
-        calculate_adv_and_returns(AlgorithmConfig(adv_type="gae"), rewards, None, dones)

@@ -57,12 +57,12 @@ def _wrong_values(tp) -> list:
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
         return ["no_such_choice", 3]
-    if origin in (typing.Union, types.UnionType):
-        return [5, [1]]  # str | None
+    if origin in (typing.Union, types.UnionType):  # X | None: what is wrong for X (None is right)
+        return _wrong_values(next(a for a in typing.get_args(tp) if a is not type(None)))
     if origin is list:
         return ["tensorboard", {"a": 1}]
     if origin is dict:
-        return ["0-1", [0, 1]]
+        return ["0-1", [0, 1]] if typing.get_args(tp)[1] is str else [[0, 1], "0-1"]
     return {int: ["abc", 1.5, [1]], float: ["abc", [0.1], True], bool: ["yes", 1], str: [5, [1]]}[tp]
 
 
@@ -164,6 +164,16 @@ def corpus() -> list[Bad]:
                               ["--config", "{tmp}/empty/../none.yaml"]]):
         cases.append(Bad(f"file:{i}", argv, "config file not found" if argv == ["--config"] else "{tmp}",
                          yaml_text=""))
+    # 7b. YAML 1.1 traps, refused by name with the text as written; Hydra-style overrides of unknown keys
+    for i, (text, name) in enumerate([("runner:\n  max_epochs: 3\n  max_epochs: 4\n", "runner.max_epochs: duplicate"),
+                                      ("runner:\n  max_epochs: 1:30\n", "runner.max_epochs: 1:30"),
+                                      ("runner:\n  max_epochs: 010\n", "runner.max_epochs: 010"),
+                                      ("actor:\n  seed: 1\nactor:\n  seed: 2\n", "actor: duplicate")]):
+        cases.append(Bad(f"yaml_trap:{i}", [], name, yaml_text=text))
+    for i, (argv, name) in enumerate([(["actor.optim.lrr=1"], "actor.optim.lrr"),
+                                      (["runner.max_epochs=1:30"], "runner.max_epochs: 1:30"),
+                                      (["env.train.init_params.continuous=true"], "env.train.init_params.continuous")]):
+        cases.append(Bad(f"override:{i}", argv, name))
     # 8. command-line mistakes
     for i, (argv, name) in enumerate([(["--actor.optim.lrr", "1"], "--actor.optim.lrr"),
                                       (["--actor"], "--actor"), (["positional"], "positional"),

@@ -69,6 +69,18 @@ def test_resume_continues_bitwise(runs):
     assert logged(straight) == logged(split)
 
 
+def test_a_second_run_into_the_same_folder_is_refused_unless_it_resumes(runs, capsys):
+    straight = runs[0]
+    from rlinf_mini.train import main
+
+    argv = ["--config", str(straight / "config.yaml")]  # the first run's own config: same folder
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "runner.logger.experiment_name" in err and "runner.resume_dir=auto" in err
+    cfg = load_config([*argv, "runner.resume_dir=auto"])
+    assert RunPlan(cfg, "resume").run_dir == straight  # asked to resume: accepted
+
+
 def test_metrics_of_a_run_resumed_into_a_new_folder_start_at_the_checkpoint(tmp_path):
     """resume_dir may name another run's checkpoint: the new folder has no metrics.jsonl to continue."""
     from rlinf_mini.config import LoggerConfig
@@ -88,7 +100,9 @@ def test_checkpoint_folder_is_complete_or_absent(runs):
     ckpt = find_latest_checkpoint(run_dir)
     assert sorted(p.name for p in ckpt.iterdir()) == ["actor", "env.pt", "rng.pt", "runner.json"]
     assert (ckpt / "actor" / "model" / "config.json").is_file()  # an HF-style folder actor.model.model_path can use
-    rng = torch.load(ckpt / "rng.pt", weights_only=False)  # every rank of every group: python, numpy, torch
+    for name in ("env.pt", "rng.pt", "actor/actor.pt"):  # no pickled code: a checkpoint from elsewhere runs none
+        torch.load(ckpt / name, weights_only=True)
+    rng = torch.load(ckpt / "rng.pt", weights_only=True)  # every rank of every group: python, numpy, torch
     assert {g: len(v) for g, v in rng.items()} == {"ActorGroup": 1, "RolloutGroup": 1, "EnvGroup": 1}
     assert all({"python", "numpy", "torch"} <= set(s) for v in rng.values() for s in v)
     assert not list((run_dir / "checkpoints").glob(".*tmp"))

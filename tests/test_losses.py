@@ -1,10 +1,11 @@
-"""Tests for the PPO losses in stages/train.py (`compute_ppo_actor_loss`, `compute_critic_loss`, `masked_mean`).
+"""Tests for stages/losses.py (`compute_ppo_actor_loss`, `compute_ppo_critic_loss`, `kl_penalty`, `masked_mean`) and
+the update in stages/train.py (`compute_micro_batch_loss`, `update_policy`, what the actor worker calls).
 
 Oracle tests (as in minGPT's test_huggingface_import): each loss and each of its metrics against a plain per-sample
-Python reference written from the formulas in the stages/train.py docstring, on random inputs whose ratios reach far
-outside the clip range. Behavioural tests: where the gradient must vanish (clip, dual clip, mask), the dual-clip cap,
-the asymmetric clip range. Gradient accumulation: the full-batch gradient equals the sum of (micro-batch loss / k)
-gradients, the arithmetic of `ActorWorker.run_training`.
+Python reference written from RLinf's formulas (rlinf/algorithms/losses.py, utils.py), in float64, with masked
+samples and ratios far outside the clip range. Behavioural tests: where the gradient must vanish (clip, dual clip,
+mask), the dual-clip cap, the asymmetric clip range. The update: `update_policy` with k micro-batches takes the
+same optimizer step as the full-batch gradient of `compute_micro_batch_loss`.
 """
 
 import math
@@ -12,11 +13,14 @@ import math
 import pytest
 import torch
 
+import stages.train
+from rlinf_mini.config import TrainConfig
 from rlinf_mini.models.mlp_policy import MLPPolicy
-from stages.train import compute_critic_loss, compute_ppo_actor_loss, masked_mean
+from stages.losses import compute_ppo_actor_loss, compute_ppo_critic_loss, kl_penalty, masked_mean
+from stages.train import compute_micro_batch_loss, update_policy
 
 SEEDS = [0, 1, 2]
-CLIPS = [(0.2, 0.2, 3.0), (0.1, 0.3, 2.0), (0.3, 0.05, 10.0)]  # (clip_ratio_low, clip_ratio_high, clip_ratio_c)
+CLIPS = [(0.2, 0.2, 3.0), (0.1, 0.3, 2.0), (0.3, 0.05, 10.0), (0.2, 0.2, None)]  # (low, high, c); None: no dual
 N = 400
 
 
@@ -57,7 +61,7 @@ def ref_ppo_actor(logprobs, old_logprobs, advantages, loss_mask, low, high, c):
         unclipped = -a * r
         clipped_term = -a * min(max(r, 1 - low), 1 + high)
         loss = max(unclipped, clipped_term)
-        is_dual = a < 0 and -a * c < loss
+        is_dual = c is not None and a < 0 and -a * c < loss
         if is_dual:
             loss = -a * c
         is_clipped = (a > 0 and r > 1 + high) or (a < 0 and r < 1 - low)
@@ -81,11 +85,15 @@ def ref_ppo_actor(logprobs, old_logprobs, advantages, loss_mask, low, high, c):
     }
 
 
-def ref_critic(values, old_values, returns, loss_mask, value_clip):
+def ref_huber(e, delta):
+    return 0.5 * e * e if abs(e) < delta else delta * (abs(e) - 0.5 * delta)
+
+
+def ref_critic(values, old_values, returns, loss_mask, value_clip, huber_delta):
     losses, clipped = [], []
     for v, ov, ret in zip(values.tolist(), old_values.tolist(), returns.tolist(), strict=True):
         v_clipped = ov + min(max(v - ov, -value_clip), value_clip)
-        losses.append(0.5 * max((v - ret) ** 2, (v_clipped - ret) ** 2))
+        losses.append(max(ref_huber(ret - v, huber_delta), ref_huber(ret - v_clipped, huber_delta)))
         clipped.append(float(abs(v - ov) > value_clip))
     mask = loss_mask.tolist()
     return {"loss": ref_masked_mean(losses, mask), "critic/value_clip_ratio": ref_masked_mean(clipped, mask)}
@@ -108,7 +116,7 @@ def test_ppo_actor_loss_matches_reference(seed, low, high, c):
     mask = inputs[3].tolist()
     adv = inputs[2].tolist()
     assert sum(k * m for k, m in zip(ref["clipped"], mask, strict=True)) > 10
-    assert sum(k * m for k, m in zip(ref["dual"], mask, strict=True)) > 10
+    assert sum(k * m for k, m in zip(ref["dual"], mask, strict=True)) > (10 if c is not None else -1)
     assert sum(m for k, d, m in zip(ref["clipped"], ref["dual"], mask, strict=True) if not k and not d) > 10
     assert sum(1 for a, m in zip(adv, mask, strict=True) if a > 0 and m) > 10
     assert sum(1 for a, m in zip(adv, mask, strict=True) if a < 0 and m) > 10
@@ -133,21 +141,56 @@ def test_ppo_actor_gradient_matches_reference(seed, low, high, c):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("value_clip", [0.1, 0.2, 1.0])
-def test_critic_loss_matches_reference(seed, value_clip):
+@pytest.mark.parametrize("huber_delta", [0.5, 1.0, 10.0])
+def test_critic_loss_matches_reference(seed, value_clip, huber_delta):
     inputs = make_critic_inputs(seed)
-    ref = ref_critic(*inputs, value_clip)
+    ref = ref_critic(*inputs, value_clip, huber_delta)
     assert 0.1 < ref["critic/value_clip_ratio"] < 0.99  # both clipped and unclipped samples count
-    loss, metrics = compute_critic_loss(*inputs, value_clip)
+    loss, metrics = compute_ppo_critic_loss(*inputs, value_clip, huber_delta)
     assert close(loss, ref["loss"]), (float(loss), ref["loss"])
     assert close(metrics["critic/value_clip_ratio"], ref["critic/value_clip_ratio"])
 
 
-def test_critic_loss_takes_the_larger_error():
-    # V_old = 0, clip 0.2, R = 1: V = 0.5 -> V_clipped = 0.2; errors 0.25 and 0.64 -> 0.5 * 0.64 (pessimistic)
-    # V = -0.5 -> V_clipped = -0.2; errors 2.25 and 1.44 -> 0.5 * 2.25 (the clip never lowers the loss)
+def test_critic_loss_takes_the_larger_error_and_is_linear_beyond_huber_delta():
+    # V_old = 0, clip 0.2, R = 1: V = 0.5 -> V_clipped = 0.2; errors 0.5 and 0.8 -> 0.5 * 0.64 (pessimistic)
+    # V = -0.5 -> V_clipped = -0.2; errors 1.5 and 1.2 -> 0.5 * 2.25 (the clip never lowers the loss)
     for v, expected in ((0.5, 0.32), (-0.5, 1.125), (0.1, 0.405)):
-        loss, _ = compute_critic_loss(torch.tensor([v]), torch.tensor([0.0]), torch.tensor([1.0]), torch.ones(1), 0.2)
+        loss, _ = compute_ppo_critic_loss(torch.tensor([v]), torch.tensor([0.0]), torch.tensor([1.0]), torch.ones(1),
+                                          0.2, huber_delta=10.0)
         assert abs(float(loss) - expected) < 1e-6, (v, float(loss), expected)
+    # huber_delta 1: an error of 1.5 costs 1 * (1.5 - 0.5) = 1.0, not 0.5 * 1.5^2
+    loss, _ = compute_ppo_critic_loss(torch.tensor([-0.5]), torch.tensor([0.0]), torch.tensor([1.0]), torch.ones(1),
+                                      0.2, huber_delta=1.0)
+    assert abs(float(loss) - 1.0) < 1e-6
+
+
+@pytest.mark.parametrize("kl_type", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"])
+def test_kl_penalty_matches_reference(kl_type):
+    g = torch.Generator().manual_seed(0)
+    logprobs = torch.randn(200, generator=g, dtype=torch.float64) * 8  # differences up to ~+-40: the clamps act
+    ref_logprobs = torch.randn(200, generator=g, dtype=torch.float64) * 8
+    expected = []
+    for lp, ref in zip(logprobs.tolist(), ref_logprobs.tolist(), strict=True):
+        if kl_type in ("kl", "k1"):
+            expected.append(lp - ref)
+        elif kl_type == "abs":
+            expected.append(abs(lp - ref))
+        elif kl_type in ("mse", "k2"):
+            expected.append(0.5 * (lp - ref) ** 2)
+        else:  # Schulman's k3 on log(ref / policy), clamped as RLinf does
+            x = min(max(ref - lp, -20.0), 20.0)
+            expected.append(min(max(math.exp(x) - x - 1, -10.0), 10.0))
+    torch.testing.assert_close(kl_penalty(logprobs, ref_logprobs, kl_type), torch.tensor(expected, dtype=torch.float64))
+    assert float(kl_penalty(logprobs, logprobs, kl_type).abs().max()) == 0.0  # no penalty at the reference
+
+
+def test_kl_penalty_rejects_an_unknown_type():
+    with pytest.raises(ValueError, match="kl_penalty_type"):
+        kl_penalty(torch.zeros(2), torch.zeros(2), "full")
+
+
+def test_the_loss_functions_stay_importable_from_stages_train():
+    assert stages.train.compute_ppo_actor_loss is compute_ppo_actor_loss and stages.train.masked_mean is masked_mean
 
 
 def test_masked_mean():
@@ -242,7 +285,7 @@ def test_asymmetric_clip_uses_low_and_high_separately():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Gradient accumulation: full batch == sum over k equal micro-batches of (loss / k), all-ones masks
+# The update: update_policy (what ActorWorker.run_training calls) against one step on the full-batch gradient
 
 
 def make_policy_batch(discrete: bool, n: int = 24, seed: int = 0):
@@ -253,7 +296,7 @@ def make_policy_batch(discrete: bool, n: int = 24, seed: int = 0):
     noise = torch.rand(n, 2 * 3, generator=g).clamp(1e-4, 1 - 1e-4)
     with torch.no_grad():
         out = policy.predict_action_batch(obs, noise)
-    batch = {
+    flat = {
         "obs": obs,
         "actions": out["actions"],
         # old logprobs off by up to +-0.5: ratios in [0.6, 1.65], so the clip is active on some samples
@@ -261,55 +304,50 @@ def make_policy_batch(discrete: bool, n: int = 24, seed: int = 0):
         "old_values": out["values"] + 0.5 * torch.randn(n, generator=g),
         "advantages": torch.randn(n, generator=g),
         "returns": torch.randn(n, generator=g),
+        # all ones: a micro-batch's masked mean / k sums to the full batch's only when every micro-batch counts as
+        # many samples (RLinf's accumulation has the same property); masks are covered by the oracle tests above
         "loss_mask": torch.ones(n),
+        "ref_logprobs": out["logprobs"] + 0.3 * torch.randn(n, generator=g),
     }
-    return policy, batch
+    return policy, flat
 
 
-def ppo_loss(policy: MLPPolicy, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The loss of ActorWorker._micro_batch_loss (loss_type actor_critic, entropy bonus and value loss on)."""
-    out = policy.default_forward(mb["obs"], mb["actions"], compute_values=True)
-    pg_loss, _ = compute_ppo_actor_loss(out["logprobs"], mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
-                                        0.2, 0.2, 3.0)
-    v_loss, _ = compute_critic_loss(out["values"], mb["old_values"], mb["returns"], mb["loss_mask"], 0.2)
-    return pg_loss - 0.01 * masked_mean(out["entropy"], mb["loss_mask"]) + 0.5 * v_loss
-
-
-def full_batch_grads(policy, batch):
-    policy.zero_grad(set_to_none=True)
-    ppo_loss(policy, batch).backward()
-    return [p.grad.clone() for p in policy.parameters()]
-
-
-def accumulated_grads(policy, batch, k: int, divide: bool = True):
-    """run_training's loop: k micro-batches, each (loss / k).backward() into the same .grad."""
-    policy.zero_grad(set_to_none=True)
-    n = batch["obs"].shape[0]
-    size = n // k
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(123))  # micro-batches need not be contiguous
-    for m in range(k):
-        idx = perm[m * size : (m + 1) * size]
-        loss = ppo_loss(policy, {name: v[idx] for name, v in batch.items()})
-        (loss / k if divide else loss).backward()
-    return [p.grad.clone() for p in policy.parameters()]
+def update_cfg(n: int, k: int, update_epoch: int = 1) -> TrainConfig:
+    cfg = TrainConfig()
+    cfg.actor.global_batch_size, cfg.actor.micro_batch_size, cfg.actor.optim.clip_grad = n, n // k, 0.0
+    cfg.algorithm.update_epoch, cfg.algorithm.entropy_bonus, cfg.algorithm.kl_beta = update_epoch, 0.01, 0.1
+    cfg.algorithm.huber_delta = 0.5  # the value errors reach both sides of it
+    return cfg
 
 
 @pytest.mark.parametrize("discrete", [False, True])
-@pytest.mark.parametrize("k", [2, 3, 6])
-def test_gradient_accumulation_matches_full_batch(discrete, k):
-    policy, batch = make_policy_batch(discrete)
-    full = full_batch_grads(policy, batch)
-    assert all(g.abs().max() > 1e-4 for g in full)  # every parameter gets a gradient worth comparing
-    accum = accumulated_grads(policy, batch, k)
-    for (name, _), a, f in zip(policy.named_parameters(), accum, full, strict=True):
-        torch.testing.assert_close(a, f, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+@pytest.mark.parametrize("k", [1, 2, 3, 6])
+def test_update_policy_with_k_micro_batches_takes_the_full_batch_step(discrete, k):
+    policy, flat = make_policy_batch(discrete)
+    cfg = update_cfg(24, k)
+    loss, _ = compute_micro_batch_loss(policy, flat, cfg)  # the full batch at once
+    grads = torch.autograd.grad(loss, list(policy.parameters()))
+    assert all(g.abs().max() > 1e-4 for g in grads)  # every parameter gets a gradient worth comparing
+    expected = [p.detach() - 0.1 * g for p, g in zip(policy.parameters(), grads, strict=True)]
+    means, skipped = update_policy(policy, torch.optim.SGD(policy.parameters(), lr=0.1), flat, cfg)
+    assert skipped == 0 and {"actor/policy_loss", "critic/value_loss", "actor/kl_loss"} <= means.keys()
+    for (name, p), e in zip(policy.named_parameters(), expected, strict=True):
+        torch.testing.assert_close(p.detach(), e, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_gradient_accumulation_check_detects_a_missing_division():
-    # the comparison above is sensitive: forgetting "/ k" gives k times the gradient
-    policy, batch = make_policy_batch(discrete=False)
-    full = full_batch_grads(policy, batch)
-    wrong = accumulated_grads(policy, batch, 4, divide=False)
-    for a, f in zip(wrong, full, strict=True):
-        torch.testing.assert_close(a, 4 * f, atol=1e-6, rtol=1e-5)
-    assert not all(torch.allclose(a, f, atol=1e-6, rtol=1e-5) for a, f in zip(wrong, full, strict=True))
+@pytest.mark.parametrize("update_epoch", [1, 3])
+def test_update_policy_takes_update_epoch_times_batch_over_global_batch_steps(update_epoch):
+    policy, flat = make_policy_batch(False)
+    cfg = update_cfg(8, 2, update_epoch)  # 24 samples, global batch 8: 3 steps per epoch
+    optimizer = torch.optim.SGD(policy.parameters(), lr=0.01)
+    steps = []
+    optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    update_policy(policy, optimizer, flat, cfg)
+    assert len(steps) == 3 * update_epoch
+
+
+def test_update_policy_stops_on_a_non_finite_loss():
+    policy, flat = make_policy_batch(False)
+    flat["advantages"][0] = float("nan")
+    with pytest.raises(stages.train.NonFiniteError):
+        update_policy(policy, torch.optim.SGD(policy.parameters(), lr=0.01), flat, update_cfg(24, 1))

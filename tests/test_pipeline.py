@@ -44,7 +44,8 @@ def small_cfg(tmp_path, placement: dict | None, num_devices: int | None, stages:
 
 GRPO = {"algorithm": {"adv_type": "grpo", "loss_type": "actor", "group_size": 4},
         "env": {"train": {"group_size": 4, "auto_reset": False}}, "actor": {"model": {"add_value_head": False}}}
-REINPP = {"algorithm": {"adv_type": "reinpp", "loss_type": "actor", "group_size": 2, "use_reinpp_baseline": True},
+REINPP = {"algorithm": {"adv_type": "reinpp", "loss_type": "actor", "group_size": 2, "use_reinpp_baseline": True,
+                        "reinpp_kl_beta": 0.01, "kl_beta": 0.01, "kl_penalty_type": "k3"},  # the reference policy
           "env": {"train": {"group_size": 2}}, "runner": {"weight_sync_interval": 2}}
 
 
@@ -77,6 +78,9 @@ def test_same_config_trains_under_every_placement(tmp_path, base, placement, mod
             keys.append("train/critic/value_loss")
         else:
             assert "train/critic/value_loss" not in h
+        if cfg.algorithm.kl_beta > 0:  # k3 against the frozen initial weights: > 0 once the policy has moved
+            keys.append("train/actor/kl_loss")
+            assert h["train/actor/kl_loss"] > 0 or h["step"] == 1
         for key in keys:
             assert math.isfinite(h[key]), key
         chunk_steps = 8 // cfg.actor.model.num_action_chunks
@@ -93,26 +97,23 @@ def test_same_config_trains_under_every_placement(tmp_path, base, placement, mod
         assert list((plan.run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def collect(tmp_path, placement, num_devices, stages, train_steps: int = 1):
-    """Launch, run `train_steps` steps by hand, and return (first trajectories, final actor and rollout weights)."""
-    cfg, source = small_cfg(tmp_path, placement, num_devices, stages)
+def collect(tmp_path, placement, num_devices, stages, train_steps: int = 1, **extra):
+    """Launch, run `train_steps` steps, and return (each step's batches per actor rank, final actor and rollout
+    weights before and after a last sync)."""
+    run_tmp = tmp_path / f"run{len(list(tmp_path.iterdir()))}"  # each run its own folder: runs never share one
+    run_tmp.mkdir()
+    cfg, source = small_cfg(run_tmp, placement, num_devices, stages, **extra)
     plan = RunPlan(cfg, source)
     cluster = Cluster(cfg.cluster)
     try:
         runner = launch(cfg, plan, cluster)
         runner.init_workers()
         batches = []
-        for step in range(train_steps):
-            runner.global_step = step
-            runner.actor.set_global_step(step).wait()
-            runner.update_rollout_weights()
-            runner.generate_rollouts()
-            batches.append(runner.actor.get_rollout_batch().wait())
-            runner.actor.compute_advantages_and_returns().wait()
-            runner.actor.run_training().wait()
+        for _ in range(train_steps):
+            runner.train_step()  # the runner's own four phases
+            batches.append(runner.actor.get_rollout_batch().wait())  # the trajectories and their advantages
         trained = runner.actor.get_state_dict().wait()
         before_sync = runner.rollout.get_state_dict().wait()
-        runner.global_step = train_steps
         runner.update_rollout_weights()
         after_sync = runner.rollout.get_state_dict().wait()
         return batches, trained, before_sync, after_sync
@@ -138,6 +139,19 @@ def test_pipelined_and_unpipelined_rollouts_give_identical_trajectories_and_weig
         assert (ref["versions"] == step).all()  # every action carries the weight version it was produced with
     for k, v in one_stage[1][0].items():  # and so the trained weights are identical too
         assert torch.equal(v, two_stages[1][0][k]) and torch.equal(v, two_env_ranks[1][0][k]), k
+
+
+@pytest.mark.parametrize("algo", [{}, REINPP], ids=["gae", "reinpp"])
+def test_one_and_two_actor_ranks_compute_the_same_advantages(tmp_path, algo):
+    """Whitening takes its statistics over every actor rank: the same trajectories get the same advantages whether
+    one actor rank holds them all or two hold half each (and so the first update moves the weights alike)."""
+    one = collect(tmp_path, {"env,rollout": "0-1", "actor": "0"}, 2, 1, **algo)
+    two = collect(tmp_path, {"env,rollout": "0-1", "actor": "0-1"}, 2, 1, **algo)
+    ref, got = cat_ranks(one[0][0]), cat_ranks(two[0][0])
+    assert torch.equal(ref["rewards"], got["rewards"])  # the same data
+    for key in ("advantages", "returns", "loss_mask"):
+        torch.testing.assert_close(got[key], ref[key], atol=1e-5, rtol=1e-5, msg=key)
+    assert ref["advantages"][ref["loss_mask"]].std() > 0.5  # whitened, not all zero
 
 
 def test_after_sync_rollout_weights_equal_actor_weights_bitwise(tmp_path):

@@ -16,14 +16,18 @@
 #   The value head learns from `returns = advantages + values`.
 # - **GRPO**: each env's first-episode return is its score; the G envs of a group started from the same state,
 #   and a score is normalized by its group's mean and std. Every step of the episode gets that advantage.
+# - **Reinforce++**: the score sits at the first episode's last step and is summed backwards (minus an optional
+#   per-step KL penalty), then whitened over the first episodes' steps.
+# - **Whitening** (`normalize_advantages`, `normalize_returns`): RLinf's `safe_normalize`, (x − mean) / (std + 1e-5)
+#   with the unbiased std of the loss-masked entries, applied to every entry.
 #
 # ## The code to read
 #
 # - `stages/advantages.py`: `compute_gae_advantages_and_returns` (one backward loop, CleanRL-style),
-#   `compute_grpo_advantages`, `first_episode_mask`, `normalize_advantages`, and `calculate_adv_and_returns`
-#   (picks the estimator by `cfg.adv_type`).
-# - `stages/train.py::ActorWorker.compute_advantages_and_returns`: runs it on the actor rank's columns and whitens
-#   GAE advantages with the mean and std of *all* ranks' samples (an all-reduce), so 1 or 2 actor ranks agree.
+#   `compute_grpo_advantages`, `compute_reinpp_advantages`, `first_episode_mask`, `safe_normalize`, and
+#   `calculate_adv_and_returns` (picks the estimator by `cfg.adv_type`).
+# - `stages/train.py::ActorWorker.compute_advantages_and_returns`: runs it on the actor rank's columns, passing its
+#   all-reduce, so `safe_normalize` takes the mean and std of *all* ranks' samples and 1 or 2 actor ranks agree.
 
 # %%
 import dataclasses
@@ -101,13 +105,21 @@ assert not loss_mask[3:, 1].any() and (grpo_adv[3:, 1] == 0).all() and loss_mask
 
 # %% [markdown]
 # `calculate_adv_and_returns` is what the actor calls; with `normalize_advantages` (the default) GAE advantages
-# come out with mean 0 and std 1.
+# come out with mean 0 and (unbiased) std 1, up to the 1e-5 that `safe_normalize` adds to the std.
 
 # %%
 cfg = dataclasses.replace(AlgorithmConfig(), gamma=gamma, gae_lambda=0.95)
 out = calculate_adv_and_returns(cfg, rewards, values, dones)
-assert abs(out["advantages"].mean()) < 1e-6 and abs(out["advantages"].std(correction=0) - 1) < 1e-4
+assert abs(out["advantages"].mean()) < 1e-6 and abs(out["advantages"].std() - 1) < 1e-3
 assert torch.allclose(out["returns"], ret_95)
+
+# %% [markdown]
+# **Without a value head GAE is critic-free**, as in RLinf: γ = λ = 1 and the advantage of a step is the reward
+# still to come in its episode, whatever `gamma` and `gae_lambda` say.
+
+# %%
+free, _ = compute_gae_advantages_and_returns(rewards, None, dones, gamma, gae_lambda=0.95)
+assert torch.allclose(free[0, 1], rewards[:3, 1].sum()) and torch.allclose(free[0, 0], rewards[:, 0].sum())
 
 # %% [markdown]
 # ## The RLinf counterpart

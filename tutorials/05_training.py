@@ -11,21 +11,22 @@
 # actor ranks); each rank's share of a global batch is fed in **micro-batches** whose gradients accumulate before
 # the step. So `global_batch_size` is an algorithm choice (how many samples per update) and `micro_batch_size` is a
 # memory choice (how many samples one forward/backward holds) — users of RLinf and its peers often ask how these
-# relate (verl#1524, OpenRLHF#304). With several actor ranks the model is wrapped in DistributedDataParallel
-# (read `run_training`: DDP's `no_sync` holds back the gradient all-reduce until the last micro-batch).
+# relate (verl#1524, OpenRLHF#304). With several actor ranks the ranks average their accumulated gradients with
+# one all-reduce before each optimizer step (what DistributedDataParallel does, without its wrapper).
 #
 # The loss is PPO's clipped surrogate with RLinf's **dual clip** (for negative advantages the loss is capped at
-# −A·c, so one action whose probability exploded cannot dominate), plus a clipped value loss:
+# −A·c, so one action whose probability exploded cannot dominate), plus RLinf's clipped Huber value loss:
 #
 #     ratio    = exp(logp − old_logp)
 #     pg_loss  = max(−A·ratio, −A·clip(ratio, 1 − ε_low, 1 + ε_high)),  and where A < 0: min(that, −A·c)
-#     v_loss   = ½ · max((V − R)², (V_clip − R)²),   V_clip = V_old + clip(V − V_old, ±value_clip)
+#     v_loss   = max(huber(R − V), huber(R − V_clip)),   V_clip = V_old + clip(V − V_old, ±value_clip)
+#     huber(e) = ½ e² where |e| < huber_delta, else huber_delta · (|e| − huber_delta / 2)
 #
 # ## The code to read
 #
-# - `stages/train.py`: `compute_ppo_actor_loss`, `compute_critic_loss`, `ActorWorker.run_training` (epochs →
-#   global batches → micro-batches, `loss / accum` before `backward`, DDP's `no_sync` until the last micro-batch),
-#   `ActorWorker._micro_batch_loss`.
+# - `stages/losses.py`: `compute_ppo_actor_loss`, `compute_ppo_critic_loss`, `huber_loss`, `kl_penalty`.
+# - `stages/train.py`: `update_policy` (epochs → global batches → micro-batches, `loss / accum` before `backward`,
+#   one gradient all-reduce per step), `compute_micro_batch_loss`; `ActorWorker.run_training` calls them.
 # - `rlinf_mini/config.py::check_batch_arithmetic`: the divisibility rules, checked before any process starts.
 
 # %%
@@ -38,7 +39,8 @@ from workbench import ROOT, check_exercise, matches
 
 from rlinf_mini.config import load_config
 from rlinf_mini.train import main
-from stages.train import ActorWorker, compute_critic_loss, compute_ppo_actor_loss
+from stages.losses import compute_ppo_critic_loss
+from stages.train import ActorWorker, compute_ppo_actor_loss
 
 MLP = str(ROOT / "configs/embodied_mlp.yaml")
 
@@ -171,23 +173,27 @@ assert ppo(1.1, -1.0)[0] == 1.1 and ppo(1.1, -1.0)[1] != 0.0  # inside the clip 
 
 # %% [markdown]
 # The value loss takes the larger of the clipped and unclipped errors: a value head that jumps from V_old = 0 to
-# V = 1 towards a return of 1 is still charged as if it had moved only 0.2: ½ (0.2 − 1)² = 0.32.
+# V = 1 towards a return of 1 is still charged as if it had moved only 0.2: ½ (0.2 − 1)² = 0.32. With
+# huber_delta = 0.5 the error of 0.8 is past the quadratic part: 0.5 · (0.8 − 0.25) = 0.275.
 
 # %%
-v_loss, _ = compute_critic_loss(torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([1.0]), torch.ones(1), 0.2)
-assert abs(v_loss.item() - 0.32) < 1e-6
+def v_loss(huber_delta: float) -> float:
+    one, zero = torch.tensor([1.0]), torch.tensor([0.0])
+    return compute_ppo_critic_loss(one, zero, one, torch.ones(1), 0.2, huber_delta)[0].item()
+
+
+assert abs(v_loss(10.0) - 0.32) < 1e-6 and abs(v_loss(0.5) - 0.275) < 1e-6
 
 # %% [markdown]
 # ## The RLinf counterpart
 #
 # - `rlinf/workers/actor/embodied_fsdp_actor_worker.py::EmbodiedFSDPActor`: `recv_rollout_trajectories`,
 #   `compute_advantages_and_returns`, `run_training` (shuffle, global batches of `global_batch_size // world_size`,
-#   micro-batches with gradient accumulation, `optimizer_step` with `clip_grad`), FSDP instead of DDP.
+#   micro-batches with gradient accumulation, `optimizer_step` with `clip_grad`), FSDP instead of one all-reduce.
 # - `rlinf/algorithms/losses.py`: `compute_ppo_actor_loss` (asymmetric `clip_ratio_low` / `clip_ratio_high`, dual
-#   clip `clip_ratio_c`), `compute_critic_loss` (clipped, with a Huber option); `rlinf/algorithms/registry.py::
-#   policy_loss`.
+#   clip `clip_ratio_c`), `compute_ppo_critic_loss` (clipped Huber); `rlinf/algorithms/registry.py::policy_loss`.
 # - `rlinf/config.py::validate_embodied_cfg`: RLinf's divisibility rules (our `check_batch_arithmetic`).
-# - Left out here: FSDP sharding, LoRA, offload, LR schedules, the Huber value loss.
+# - Left out here: FSDP sharding, LoRA, offload, LR schedules.
 #
 # ## Exercise
 #

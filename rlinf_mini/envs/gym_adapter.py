@@ -38,9 +38,12 @@ def _make_one(cfg: EnvSplitConfig, key: str) -> gymnasium.Env:
     # frames for eval videos (MuJoCo envs render through MUJOCO_GL=egl without a display)
     render = {"render_mode": "rgb_array"} if cfg.video_cfg.save_video else {}
     try:
-        return gymnasium.make(env_id, max_episode_steps=cfg.max_episode_steps, **render)
+        return gymnasium.make(env_id, max_episode_steps=cfg.max_episode_steps, **cfg.init_params.make_kwargs, **render)
     except gymnasium.error.UnregisteredEnv:
         raise EnvError(f"{key}.init_params.id: unknown gymnasium id {env_id!r}") from None
+    except TypeError as e:  # a constructor argument from init_params the env does not take
+        raise EnvError(f"{key}.init_params: {env_id!r} does not take {cfg.init_params.make_kwargs}: "
+                       f"{str(e).splitlines()[0]}") from None
     except (gymnasium.error.Error, ImportError) as e:  # malformed id, missing module or dependency (e.g. box2d)
         first_line = str(e).splitlines()[0]
         raise EnvError(f"{key}.init_params.id: cannot make gymnasium env {env_id!r}: {first_line}") from None

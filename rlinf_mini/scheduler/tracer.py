@@ -194,8 +194,8 @@ _COLOURS = {"env_step": "tab:blue", "inference": "tab:orange", "forward_backward
 def span_colours(names: list[str]) -> dict[str, tuple]:
     """A distinct colour for every span name: the fixed ones above, then the next unused colour of tab20, tab20b
     and tab20c (60 colours, greys left out: grey means waiting)."""
-    from matplotlib import colors as mcolors
     from matplotlib import colormaps
+    from matplotlib import colors as mcolors
 
     fixed = {n: mcolors.to_rgba(c) for n, c in _COLOURS.items()}
     palette = [c for cmap in ("tab20", "tab20b", "tab20c") for c in colormaps[cmap].colors
