@@ -1,7 +1,7 @@
 """Stage 2 — weight sync: the actor's new weights reach every rollout rank, versioned, at memory speed.
 
     rollout side (once):   receiver = WeightReceiver(model)          # allocates one shared buffer, binds params to it
-                           handle = receiver.handle()                 # (name, size, layout): sent to the actor
+                           handle = receiver.handle()                 # (name, size, layout, node): to the actor
     each sync:             sender.send(actor_model, [handles...], version)     # actor rank 0 writes every buffer
                            receiver.wait_for_version(version, timeout)         # each rollout rank checks the stamp
 
@@ -12,19 +12,27 @@ parameters *are* views into that segment, so the actor's copy lands directly in 
 device parameters after the stamp arrives. The actor writes the data first and the stamp last, so a rollout that sees
 stamp v has every byte of version v. Only actor rank 0 sends: data-parallel ranks hold identical weights.
 
+Across nodes (Ray backend, cluster.num_nodes > 1) a rollout rank on another node than actor rank 0 cannot map its
+buffer: the handle says which Ray node the buffer is on and carries a mailbox (a Ray channel transport keyed by the
+buffer's name). Actor rank 0 sends a remote rank its weights through the mailbox (the object store), and the rank
+copies them into its buffer; a same-node rank still gets the memcpy, then a notice through the mailbox (on Ray the
+rollout waits on the mailbox instead of polling the stamp). Off Ray the handle has no mailbox and nothing changes.
+
 The version is the number of optimizer steps behind the weights. The rollout tags every action with it, so every
 trajectory says which weights produced it (`rollout/staleness` in the metrics is actor version minus that tag).
 
 RLinf counterpart: `EmbodiedRunner.update_rollout_weights` calling `actor.sync_model_to_rollout()` and
 `rollout.sync_model_from_actor()` together; `rlinf/hybrid_engines/weight_syncer/` (bucket and patch syncers, which
 broadcast over NCCL or CUDA IPC). Left out: buckets and sparse patches (a shared buffer needs neither on one machine),
-NCCL between machines. Next stage: `stages/rollout.py`.
+NCCL broadcast between machines (the object store carries remote copies). Next stage: `stages/rollout.py`.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,6 +42,7 @@ from rlinf_mini.scheduler.worker import waiting_for_others
 
 _ALIGN = 64
 _HEADER = 64  # bytes 0..7: int64 version stamp; -1 = nothing written yet
+_RAY_NODE = "RLINF_MINI_RAY_NODE"  # set by scheduler/ray_backend.py in each rank: the Ray node id it runs on
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,18 @@ class WeightBufferHandle:
     segment_name: str
     size: int
     layout: tuple[TensorSlot, ...]
+    node: str = ""  # the Ray node id the buffer is on ("" off Ray: the actor's machine)
+    mailbox: Any = None  # on Ray: a channel transport reaching the rollout rank from any node (key: segment_name)
+
+
+def _ray_node_and_mailbox() -> tuple[str, Any]:
+    """On the Ray backend, this rank's node id and the run's weight mailbox; ("", None) on one machine."""
+    node = os.environ.get(_RAY_NODE, "")
+    if not node:
+        return "", None
+    from rlinf_mini.scheduler.ray_backend import weights_mailbox
+
+    return node, weights_mailbox()
 
 
 def plan_layout(state: dict[str, torch.Tensor]) -> tuple[tuple[TensorSlot, ...], int]:
@@ -82,19 +103,23 @@ class WeightReceiver:
         self.version = -1
         self._views = {s.name: self.segment.view(s.dtype, s.shape, s.offset) for s in self.layout}
         self.zero_copy = all(t.device.type == "cpu" for t in weights.values())
+        self.node, self.mailbox = _ray_node_and_mailbox()
         for name, t in weights.items():
             self._views[name].copy_(t.detach())
             if self.zero_copy:
                 t.data = self._views[name]  # the parameter now aliases the shared buffer
 
     def handle(self) -> WeightBufferHandle:
-        return WeightBufferHandle(self.segment.name, self.segment.size, self.layout)
+        return WeightBufferHandle(self.segment.name, self.segment.size, self.layout, self.node, self.mailbox)
 
     def wait_for_version(self, version: int, timeout: float) -> float:
         """Block until the actor has stamped `version`; returns the seconds waited. Raises TimeoutError."""
         start = time.monotonic()
         with span("wait_weights"), waiting_for_others():  # the inline backend runs the actor meanwhile
-            self._wait_stamp(version, timeout, start)
+            if self.mailbox is None:
+                self._wait_stamp(version, timeout, start)
+            else:
+                self._wait_mailbox(version, timeout, start)
         if not self.zero_copy:
             with torch.no_grad(), span("weight_load"):
                 for name, t in _weights(self.model).items():
@@ -109,6 +134,20 @@ class WeightReceiver:
                                    f"{timeout:g} s (buffer holds version {int(self._stamp[0])})")
             time.sleep(0.0002)
 
+    def _wait_mailbox(self, version: int, timeout: float, start: float) -> None:
+        """Ray: the actor's notice (a same-node buffer is written already) or the weights (from another node)."""
+        ok, (sent, weights) = self.mailbox.get(self.segment.name, start + timeout, None, timeout)
+        if not ok:
+            raise TimeoutError(f"weight sync: version {version} did not arrive from actor rank 0 within {timeout:g} s "
+                               f"(buffer holds version {int(self._stamp[0])})")
+        if weights is not None:
+            with torch.no_grad(), span("weight_copy"):
+                for name, t in weights.items():
+                    self._views[name].copy_(t)
+            self._stamp.fill_(sent)
+        if int(self._stamp[0]) != version:
+            raise RuntimeError(f"weight sync: waited for version {version}, actor rank 0 sent version {sent}")
+
     def close(self) -> None:
         self._views.clear()
         self._stamp = None
@@ -122,22 +161,31 @@ class WeightSender:
         self._segments: dict[str, SharedSegment] = {}
 
     def send(self, model: torch.nn.Module, handles: list[WeightBufferHandle], version: int) -> int:
-        """Write `model`'s weights into every rollout buffer, then the version stamp. Returns bytes written."""
+        """Write `model`'s weights into every rollout buffer, then the version stamp (or send them through the
+        rank's mailbox when the buffer is on another node). Returns bytes written."""
         weights = _weights(model)
         written = 0
         with torch.no_grad(), span("weight_send"):
             for h in handles:
-                seg = self._segments.get(h.segment_name)
-                if seg is None:
-                    seg = self._segments[h.segment_name] = SharedSegment.attach(h.segment_name, h.size)
                 if [s.name for s in h.layout] != list(weights):
                     raise ValueError("weight sync: the rollout's model has different parameters than the actor's "
                                      "(are actor.model and rollout.model the same architecture?)")
+                deadline = time.monotonic() + 60.0  # the mailbox is unbounded: a put does not wait
+                if h.mailbox is not None and h.node != os.environ.get(_RAY_NODE, ""):  # another node
+                    sent = {name: t.detach().cpu() for name, t in weights.items()}  # copied into the object store
+                    h.mailbox.put(h.segment_name, (version, sent), deadline, None, 60.0)
+                    written += sum(t.numel() * t.element_size() for t in sent.values())
+                    continue
+                seg = self._segments.get(h.segment_name)
+                if seg is None:
+                    seg = self._segments[h.segment_name] = SharedSegment.attach(h.segment_name, h.size)
                 for slot in h.layout:
                     src = weights[slot.name].detach()
                     seg.view(slot.dtype, slot.shape, slot.offset).copy_(src)
                     written += src.numel() * src.element_size()
                 seg.view(torch.int64, (1,), 0).fill_(version)  # last: the stamp publishes the complete version
+                if h.mailbox is not None:  # a same-node rank on Ray waits on its mailbox, not on the stamp
+                    h.mailbox.put(h.segment_name, (version, None), deadline, None, 60.0)
         return written
 
     def close(self) -> None:

@@ -116,7 +116,7 @@ class RayBackend(Backend):
 
     def shutdown(self) -> None:
         for ranks in getattr(self, "groups", []):
-            ranks.kill()
+            ranks.kill_actors()
         if getattr(self, "_channels", None) is None and getattr(self, "groups", []):
             self._channels = _channel_actor(None, create=False)  # a rank may have made it (weights_mailbox)
         if getattr(self, "_channels", None) is not None:
@@ -138,7 +138,7 @@ def _died(e: BaseException) -> str:
 
 class RayRanks(GroupRanks):
     def __init__(self, backend: RayBackend, name: str, specs: list[RankSpec]):
-        self.name = name
+        self.name, self._backend = name, backend
         self.pids: list[int | None] = [None] * len(specs)  # known once each rank has started
         self._lock = threading.Lock()  # driver threads (channel waits checking liveness) read results together
         self._pending: dict[Any, tuple[int, int]] = {}  # ObjectRef of a call -> (call id, rank)
@@ -216,12 +216,20 @@ class RayRanks(GroupRanks):
     def finish_stop(self, deadline: float) -> None:
         if self._stop_refs:
             ray.wait(self._stop_refs, num_returns=len(self._stop_refs), timeout=max(0.0, deadline - time.monotonic()))
-        self.kill()
+        self.kill_actors()
         # watch() fails once its actor is really gone: wait for that, so that no actor outlives the group
         ray.wait(self._watch, num_returns=len(self._watch), timeout=5.0)
 
     def kill(self) -> None:
+        """The second Ctrl-C (the driver exits right after): kill every actor and stop the Ray instance we started,
+        whose agents would otherwise outlive an os._exit."""
+        self.kill_actors()
+        self._backend.shutdown()
+
+    def kill_actors(self) -> None:
         self._stopping = True
+        if not ray.is_initialized():  # the backend shut down already
+            return
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)
@@ -334,7 +342,8 @@ class _ChannelActor:
         self.maxsize[channel] = maxsize
         return True
 
-    async def put(self, channel: str, key: Hashable, wrapped: list, timeout: float) -> bool:
+    async def put(self, channel: str, key: Hashable, wrapped: list, timeout: float, after: Any = None) -> bool:
+        """`after`: the previous put of the same producer and key, which Ray resolves (runs) before this one."""
         q = self._queue(channel, key)
         try:
             if timeout <= 0:
@@ -364,6 +373,16 @@ class RayQueues:
 
     def __init__(self, name: str, actor, maxsize: int):
         self.name, self.actor, self.maxsize = name, actor, maxsize
+        self._last_put: dict[Hashable, Any] = {}  # key -> ObjectRef of this process's latest unanswered put
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_last_put": {}}  # each process chains its own puts
+
+    def _settle(self, key: Hashable) -> None:
+        """Wait until this process's puts to `key` are in the queue (before it reads the key itself)."""
+        last = self._last_put.pop(key, None)
+        if last is not None:
+            self._ask(last, 0.0)
 
     def _ask(self, ref, wait_s: float):
         try:
@@ -388,8 +407,11 @@ class RayQueues:
 
     def put(self, key: Hashable, item: Any, deadline: float, check, slice_s: float) -> bool:
         wrapped = [ray.put(item)]  # the item goes to the object store; the queue holds its ObjectRef
-        if self.maxsize <= 0:  # unbounded: never full, so no need to wait for the answer
-            self.actor.put.remote(self.name, key, wrapped, 0.0)
+        if self.maxsize <= 0:
+            # Unbounded: never full, so the producer does not wait for the answer. The queue actor is async and may
+            # run two calls from one caller out of order (measured: a swap after ~140 puts); passing the previous
+            # put's ObjectRef as an argument makes Ray run that one first, so each key stays FIFO per producer.
+            self._last_put[key] = self.actor.put.remote(self.name, key, wrapped, 0.0, self._last_put.get(key))
             return True
         if self._ask(self.actor.put.remote(self.name, key, wrapped, 0.0), 0.0):
             return True
@@ -398,6 +420,7 @@ class RayQueues:
         return ok
 
     def get(self, key: Hashable, deadline: float, check, slice_s: float) -> tuple[bool, Any]:
+        self._settle(key)
         ok, wrapped = self._ask(self.actor.get.remote(self.name, key, 0.0), 0.0)
         if not ok:
             ok, answer = self._blocking(lambda t: self.actor.get.remote(self.name, key, t), "wait_get", deadline,
@@ -412,6 +435,7 @@ class RayQueues:
                 from None
 
     def qsize(self, key: Hashable) -> int:
+        self._settle(key)
         return self._ask(self.actor.qsize.remote(self.name, key), 0.0)
 
     def full_reason(self, key: Hashable) -> str:
