@@ -29,13 +29,15 @@ from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.scheduler.worker import Worker
 from stages.placement import ComponentPlacement
 
-SIZES = {"full": (1000, 400, 3000, 20), "quick": (300, 200, 1000, 8), "tiny": (10, 8, 20, 1)}  # calls, large, small,
-# runner steps
+# calls, large messages (huge: a quarter of them), small messages, runner steps
+SIZES = {"full": (1000, 400, 3000, 20), "quick": (300, 200, 1000, 8), "tiny": (10, 8, 20, 1)}
 
 
 def _item(kind: str):
     if kind == "large":
         return torch.randint(0, 255, (64, 3, 64, 64), dtype=torch.uint8)  # 786 KB: one batch of 64x64 RGB frames
+    if kind == "huge":
+        return torch.randint(0, 255, (64, 3, 224, 224), dtype=torch.uint8)  # 9.6 MB: 64 frames at 224x224
     return {"reward": 1.0, "done": False, "step": 0, "value": 0.5}
 
 
@@ -105,7 +107,7 @@ def group_calls_and_channels(n_calls: int, n_large: int, n_small: int) -> list[R
                             note=f"median of {n_calls}"))
         for a in bare:
             ray.kill(a)
-        for kind, n in (("large", n_large), ("small", n_small)):
+        for kind, n in (("large", n_large), ("huge", max(4, n_large // 4)), ("small", n_small)):
             ours_best = base_best = float("inf")
             for rep in range(3):
                 channel = Channel.create(f"bench_{kind}_{rep}", cluster, maxsize=4)  # bounded, as the runner's
@@ -114,9 +116,10 @@ def group_calls_and_channels(n_calls: int, n_large: int, n_small: int) -> list[R
                 ours_best = min(ours_best, consumed.wait()[0])
                 base_best = min(base_best, group.execute_on(2).put_get(n, kind).wait()[0])
             ours_rate, base_rate = (n - 1) / ours_best, n / base_best
-            if kind == "large":
-                nbytes = _item("large").numel()
-                rows.append(Row("ray: channel, large (786 KB uint8), rank to rank", "GB/s", ours_rate * nbytes / 1e9,
+            if kind != "small":
+                nbytes = _item(kind).numel()
+                size = "786 KB" if kind == "large" else "9.6 MB"
+                rows.append(Row(f"ray: channel, large ({size} uint8), rank to rank", "GB/s", ours_rate * nbytes / 1e9,
                                 base_rate * nbytes / 1e9, "ray.put + ray.get, one rank", ratio=ours_rate / base_rate,
                                 ratio_of="ours/baseline", target=">= 0.5", note=f"best of 3 x {n} messages"))
             else:

@@ -23,10 +23,11 @@ NCCL are told the interface that holds that IP (GLOO_SOCKET_IFNAME / NCCL_SOCKET
 
 Channels. One async actor (`_ChannelActor`, on the driver's node) keeps every channel's keyed asyncio queues, bounded
 by the channel's maxsize. A put `ray.put`s the item (tensors go through the object store) and passes only the
-ObjectRef to the queue actor; a get takes the ObjectRef and `ray.get`s it. A put on an unbounded channel does not
-wait for the queue actor's answer (calls from one process start in submission order, so FIFO holds); a bounded put
-must, to know whether there was room. The weight sync uses the same queues to reach rollout ranks on other nodes
-(`weights_mailbox`, stages/sync.py).
+ObjectRef to the queue actor; a get takes the ObjectRef and `ray.get`s it. A put or get is one call to the queue
+actor, which waits there (in slices, in the driver, so that it checks liveness between them) and reports how long it
+waited: that wait is traced as wait_put / wait_get. A put on an unbounded channel does not wait for the answer at
+all; a bounded put must, to know whether there was room. Tensors cross Ray as numpy arrays (`use_numpy_for_tensors`).
+The weight sync uses the same queues to reach rollout ranks on other nodes (`weights_mailbox`, stages/sync.py).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py` (ray.init, node order), `worker/worker_group.py` (one actor
 per rank, node affinity, env vars), `channel/channel.py` + `channel_worker.py` (queues in an actor). Left out: node
@@ -50,8 +51,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlinf_mini.scheduler import faults, tracer
 from rlinf_mini.scheduler.backend import Backend, GroupRanks, RankSpec, Result
-from rlinf_mini.scheduler.tracer import span
 
 CPU_SHARE = 0.01  # Ray CPUs per rank: a token, so placement never waits for CPU accounting (pinning is by spec.env)
 NODE_ENV = "RLINF_MINI_RAY_NODE"  # set in every rank: the Ray node id it runs on (stages/sync.py reads it)
@@ -188,6 +189,8 @@ class RayRanks(GroupRanks):
         master = self.actors[0].rendezvous.remote()  # resolved by Ray before any start() runs
         self._watch = [a.watch.remote() for a in self.actors]
         for spec, actor in zip(specs, self.actors, strict=True):
+            # a Ray worker's environment is its raylet's, not the driver's: hand over the driver's fault plan
+            spec.env.setdefault(faults.ENV_VAR, os.environ.get(faults.ENV_VAR, ""))
             self._pending[actor.start.remote(pickle.dumps(spec), master)] = (0, spec.rank)
 
     def submit(self, ranks: list[int], call_id: int, method: str, args: tuple, kwargs: dict) -> None:
@@ -378,26 +381,32 @@ class _ChannelActor:
         self.maxsize[channel] = maxsize
         return True
 
-    async def put(self, channel: str, key: Hashable, wrapped: list, timeout: float, after: Any = None) -> bool:
-        """`after`: the previous put of the same producer and key, which Ray resolves (runs) before this one."""
+    async def put(self, channel: str, key: Hashable, wrapped: list, timeout: float,
+                  after: Any = None) -> tuple[float, None]:
+        """(seconds it waited for room, None), or (-1.0, None) if none came within `timeout`. `after`: the previous
+        put of the same producer and key, which Ray resolves (runs) before this one."""
         q = self._queue(channel, key)
+        if not q.full():
+            q.put_nowait(wrapped)
+            return 0.0, None
+        start = time.monotonic()
         try:
-            if timeout <= 0:
-                q.put_nowait(wrapped)
-            else:
-                await asyncio.wait_for(q.put(wrapped), timeout)
-            return True
-        except (asyncio.QueueFull, asyncio.TimeoutError):
-            return False
+            await asyncio.wait_for(q.put(wrapped), timeout)
+            return time.monotonic() - start, None
+        except asyncio.TimeoutError:
+            return -1.0, None
 
-    async def get(self, channel: str, key: Hashable, timeout: float) -> tuple[bool, list | None]:
+    async def get(self, channel: str, key: Hashable, timeout: float) -> tuple[float, list | None]:
+        """(seconds waited, the wrapped ObjectRef), or (-1.0, None) if nothing came within `timeout`."""
         q = self._queue(channel, key)
+        if not q.empty():
+            return 0.0, q.get_nowait()
+        start = time.monotonic()
         try:
-            if timeout <= 0:
-                return True, q.get_nowait()
-            return True, await asyncio.wait_for(q.get(), timeout)
-        except (asyncio.QueueEmpty, asyncio.TimeoutError):
-            return False, None
+            wrapped = await asyncio.wait_for(q.get(), timeout)
+            return time.monotonic() - start, wrapped
+        except asyncio.TimeoutError:
+            return -1.0, None
 
     async def qsize(self, channel: str, key: Hashable) -> int:
         return self._queue(channel, key).qsize()
@@ -426,20 +435,23 @@ class RayQueues:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             raise ConnectionError(f"channel {self.name!r}: its queue actor is gone ({type(e).__name__})") from None
 
-    def _blocking(self, op, wait_name: str, deadline: float, check, slice_s: float):
-        """Ask the queue actor `op(timeout)` in slices (checking liveness between them in the driver) until it
-        answers (ok, ...) or the deadline passes."""
-        with span(wait_name):
-            while True:
-                if check is not None:
-                    check()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False, None
-                wait_s = min(left, slice_s) if check is not None else left
-                answer = self._ask(op(wait_s), wait_s)
-                if answer is True or (isinstance(answer, tuple) and answer[0]):
-                    return True, answer
+    def _until(self, op, wait_name: str, deadline: float, check, slice_s: float):
+        """Ask the queue actor `op(timeout)`: one call when it can answer at once (a round trip is the cost of a put
+        or get here), else one per slice, checking liveness between them in the driver, until it succeeds or the
+        deadline passes. A wait is traced as `wait_name` once the actor reports it."""
+        start = time.monotonic_ns()
+        waited_at_all = False
+        while True:
+            if check is not None:
+                check()
+            left = deadline - time.monotonic()
+            wait_s = max(0.0, min(left, slice_s) if check is not None else left)
+            waited, value = self._ask(op(wait_s), wait_s)
+            waited_at_all = waited_at_all or waited != 0.0
+            if waited >= 0 or left <= 0:
+                if waited_at_all:
+                    tracer.record(wait_name, start, time.monotonic_ns())
+                return (True, value) if waited >= 0 else (False, None)
 
     def put(self, key: Hashable, item: Any, deadline: float, check, slice_s: float) -> bool:
         wrapped = [ray.put(item)]  # the item goes to the object store; the queue holds its ObjectRef
@@ -449,21 +461,16 @@ class RayQueues:
             # put's ObjectRef as an argument makes Ray run that one first, so each key stays FIFO per producer.
             self._last_put[key] = self.actor.put.remote(self.name, key, wrapped, 0.0, self._last_put.get(key))
             return True
-        if self._ask(self.actor.put.remote(self.name, key, wrapped, 0.0), 0.0):
-            return True
-        ok, _ = self._blocking(lambda t: self.actor.put.remote(self.name, key, wrapped, t), "wait_put", deadline,
-                               check, slice_s)
+        ok, _ = self._until(lambda t: self.actor.put.remote(self.name, key, wrapped, t), "wait_put", deadline, check,
+                            slice_s)
         return ok
 
     def get(self, key: Hashable, deadline: float, check, slice_s: float) -> tuple[bool, Any]:
         self._settle(key)
-        ok, wrapped = self._ask(self.actor.get.remote(self.name, key, 0.0), 0.0)
+        ok, wrapped = self._until(lambda t: self.actor.get.remote(self.name, key, t), "wait_get", deadline, check,
+                                  slice_s)
         if not ok:
-            ok, answer = self._blocking(lambda t: self.actor.get.remote(self.name, key, t), "wait_get", deadline,
-                                        check, slice_s)
-            if not ok:
-                return False, None
-            wrapped = answer[1]
+            return False, None
         try:
             return True, ray.get(wrapped[0], timeout=_ANSWER_S)
         except ray.exceptions.ObjectLostError as e:  # its producer died with the object (the cluster reports it)
