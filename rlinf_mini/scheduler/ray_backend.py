@@ -22,12 +22,14 @@ every rank's `start()`, so Ray hands the address over before any rank starts and
 NCCL are told the interface that holds that IP (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) unless the user set one.
 
 Channels. One async actor (`_ChannelActor`, on the driver's node) keeps every channel's keyed asyncio queues, bounded
-by the channel's maxsize. A put `ray.put`s the item (tensors go through the object store) and passes only the
-ObjectRef to the queue actor; a get takes the ObjectRef and `ray.get`s it. A put or get is one call to the queue
-actor, which waits there (in slices, in the driver, so that it checks liveness between them) and reports how long it
-waited: that wait is traced as wait_put / wait_get. A put on an unbounded channel does not wait for the answer at
-all; a bounded put must, to know whether there was room. Tensors cross Ray as numpy arrays (`use_numpy_for_tensors`).
-The weight sync uses the same queues to reach rollout ranks on other nodes (`weights_mailbox`, stages/sync.py).
+by the channel's maxsize. A put of a large item (BY_REF_MIN_BYTES of tensors) `ray.put`s it (tensors go through the
+object store) and passes only the ObjectRef to the queue actor; a get takes the ObjectRef and `ray.get`s it. A small
+item travels as the house codec's bytes inside the calls (a nested ObjectRef costs more than the copy). A put or get
+is one call to the queue actor, which waits there (in slices, in the driver, so that it checks liveness between them)
+and reports how long it waited: that wait is traced as wait_put / wait_get. A put on an unbounded channel does not
+wait for the answer at all; a bounded put must, to know whether there was room. Tensors cross Ray as numpy arrays
+(`use_numpy_for_tensors`). The weight sync uses the same queues to reach rollout ranks on other nodes
+(`weights_mailbox`, stages/sync.py).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py` (ray.init, node order), `worker/worker_group.py` (one actor
 per rank, node affinity, env vars), `channel/channel.py` + `channel_worker.py` (queues in an actor). Left out: node
@@ -58,6 +60,10 @@ CPU_SHARE = 0.01  # Ray CPUs per rank: a token, so placement never waits for CPU
 NODE_ENV = "RLINF_MINI_RAY_NODE"  # set in every rank: the Ray node id it runs on (stages/sync.py reads it)
 CHANNEL_ACTOR = "rlinf_mini_channels_"  # + run id: the queue actor's name in the job's namespace (ranks look it up)
 WATCH_EVERY_S = 0.05  # exit_status asks Ray about the watch calls at most this often
+# An item with this many tensor bytes or more goes through the object store by ObjectRef; a smaller one travels as
+# bytes inside the queue actor's calls: an ObjectRef nested in a call costs Ray's borrowing protocol (measured here:
+# put + get of a small dict 4.9 ms by ObjectRef, 1.9 ms by value).
+BY_REF_MIN_BYTES = 64 * 1024  # the codec pickles smaller tensors inline (codec.SHM_MIN_BYTES)
 _ANSWER_S = 30.0  # an actor call that takes no time on its side must answer within this, or the actor is gone
 
 
@@ -412,6 +418,16 @@ class _ChannelActor:
         return self._queue(channel, key).qsize()
 
 
+def _tensor_bytes(item: Any) -> int:
+    """The bytes of the tensors and arrays in `item` (through dicts, lists and tuples)."""
+    if isinstance(item, dict):
+        return sum(_tensor_bytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in item)
+    nbytes = getattr(item, "nbytes", None)  # torch.Tensor and numpy.ndarray
+    return nbytes if isinstance(nbytes, int) else 0
+
+
 class RayQueues:
     """The Ray channel transport (channel.py): a handle on one channel's queues in the `_ChannelActor`; picklable
     into group calls (a Ray actor handle pickles)."""
@@ -454,7 +470,12 @@ class RayQueues:
                 return (True, value) if waited >= 0 else (False, None)
 
     def put(self, key: Hashable, item: Any, deadline: float, check, slice_s: float) -> bool:
-        wrapped = [ray.put(item)]  # the item goes to the object store; the queue holds its ObjectRef
+        if _tensor_bytes(item) >= BY_REF_MIN_BYTES:
+            wrapped: Any = [ray.put(item)]  # the item goes to the object store; the queue holds its ObjectRef
+        else:  # the house codec's bytes (small tensors as raw bytes), held by the queue actor as they are
+            from rlinf_mini.scheduler import codec
+
+            wrapped = codec.dumps(item)
         if self.maxsize <= 0:
             # Unbounded: never full, so the producer does not wait for the answer. The queue actor is async and may
             # run two calls from one caller out of order (measured: a swap after ~140 puts); passing the previous
@@ -471,6 +492,10 @@ class RayQueues:
                                   slice_s)
         if not ok:
             return False, None
+        if isinstance(wrapped, bytes):
+            from rlinf_mini.scheduler import codec
+
+            return True, codec.loads(wrapped)
         try:
             return True, ray.get(wrapped[0], timeout=_ANSWER_S)
         except ray.exceptions.ObjectLostError as e:  # its producer died with the object (the cluster reports it)
