@@ -3,33 +3,16 @@
     cluster.backend: ray                # a private Ray instance (ray.init(address="local")), stopped at the run's end
     cluster.ray_address: auto           # or HOST:PORT: join a running cluster (`ray start --head`); it stays running
 
-Nodes. Node index n (RankSpec.node = global device // devices per node) is the n-th alive Ray node: the driver's node
-first, then the others by node id, so the numbering is stable over a run. A run asking for more nodes than are alive
-fails before anything starts, naming cluster.num_nodes.
-
-Ranks. Each rank is a `_RankActor` pinned to its node (NodeAffinitySchedulingStrategy, hard), asking for a CPU share
-(CPU_SHARE: a few ranks fit on a 1-CPU node) and no Ray GPU: its GPUs are the ones the Cluster chose. `start()` sets
-the rank's environment (spec.env: RANK, CUDA_VISIBLE_DEVICES, OMP_*, ...; Ray sets CUDA_VISIBLE_DEVICES itself
-before that) and only then imports torch and builds the worker, as the local backend's worker_main does. The spec
-travels pickled as bytes so that unpickling it cannot import torch earlier. A group call is one `call()` per rank;
-`results()` collects the ObjectRefs with ray.wait. The actor's default concurrency group runs one call at a time, in
-submission order; a second group runs `watch()`, which never returns: Ray fails it when the actor dies, which is how
-`exit_status` learns of a death (kill -9 included) without asking the GCS for actor states.
-
-Collective. torch.distributed reads MASTER_ADDR/MASTER_PORT from the environment: rank 0's `rendezvous()` returns its
-node's IP (Ray binds the machine's interface, not loopback) and a port free there; its ObjectRef is an argument of
-every rank's `start()`, so Ray hands the address over before any rank starts and `launch` returns at once. Gloo and
-NCCL are told the interface that holds that IP (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) unless the user set one.
-
-Channels. One async actor (`_ChannelActor`, on the driver's node) keeps every channel's keyed asyncio queues, bounded
-by the channel's maxsize. A put of a large item (BY_REF_MIN_BYTES of tensors) `ray.put`s it (tensors go through the
-object store) and passes only the ObjectRef to the queue actor; a get takes the ObjectRef and `ray.get`s it. A small
-item travels as the house codec's bytes inside the calls (a nested ObjectRef costs more than the copy). A put or get
-is one call to the queue actor, which waits there (in slices, in the driver, so that it checks liveness between them)
-and reports how long it waited: that wait is traced as wait_put / wait_get. A put on an unbounded channel does not
-wait for the answer at all; a bounded put must, to know whether there was room. Tensors cross Ray as numpy arrays
-(`use_numpy_for_tensors`). The weight sync uses the same queues to reach rollout ranks on other nodes
-(`weights_mailbox`, stages/sync.py).
+- Nodes: node index n (RankSpec.node) is the n-th alive Ray node, the driver's first, then by node id.
+- Ranks: a `_RankActor` pinned to its node (NodeAffinitySchedulingStrategy) with a token CPU share and no Ray GPU;
+  `start()` sets spec.env (CUDA_VISIBLE_DEVICES, RANK, OMP_*, ...) and only then imports torch and builds the worker.
+  A group call is one actor call per rank, collected with ray.wait; a never-returning `watch()` call, which Ray fails
+  when the actor dies, is how exit_status sees a death (kill -9 included).
+- Collective: MASTER_ADDR/PORT come from rank 0's `rendezvous()` (its node's IP, a port free there), passed to every
+  rank's `start()` as an ObjectRef, so launch does not wait for it.
+- Channels: one async actor keeps every channel's keyed, bounded asyncio queues; a put or get is one call to it.
+  Large items go through the object store (only the ObjectRef through the queue), small ones as codec bytes.
+- Weight sync across nodes (stages/sync.py) uses the same queues (`weights_mailbox`).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py` (ray.init, node order), `worker/worker_group.py` (one actor
 per rank, node affinity, env vars), `channel/channel.py` + `channel_worker.py` (queues in an actor). Left out: node
@@ -189,6 +172,7 @@ class RayRanks(GroupRanks):
         self.actors = []
         for spec in specs:
             node_id = backend.nodes[spec.node]["NodeID"]
+            # num_gpus=0: the Cluster chose the rank's GPUs; start() sets CUDA_VISIBLE_DEVICES over Ray's own value
             self.actors.append(_RankActor.options(
                 num_cpus=CPU_SHARE, num_gpus=0, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote())
@@ -318,10 +302,11 @@ class _RankActor:
 
     def start(self, spec_bytes: bytes, master: tuple[str, str]) -> tuple[Result, int]:
         torch_before_pinning = "torch" in sys.modules  # must stay False: tests check that pinning came first
-        spec: RankSpec = pickle.loads(spec_bytes)
+        spec: RankSpec = pickle.loads(spec_bytes)  # bytes, so that Ray's unpickling of the arguments imports nothing
         ip, port = master
         env = {**spec.env, "MASTER_ADDR": ip, "MASTER_PORT": port, "LOCAL_RANK": "0",
                NODE_ENV: ray.get_runtime_context().get_node_id()}
+        # gloo and NCCL pick an interface by hostname unless told: tell them the one that holds the master's IP
         ifname = _ifname_of(ip)
         if ifname:
             env = {"GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname, **os.environ, **env}
