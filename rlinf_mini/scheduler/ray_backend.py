@@ -106,6 +106,11 @@ class RayBackend(Backend):
         return RayQueues(name, actor, maxsize)
 
     def shutdown(self) -> None:
+        # Idempotent, and never calls Ray once the session is gone: any Ray call would start a new local instance
+        # (Ray's auto-init), e.g. from the second Ctrl-C, where every group's kill() ends up here.
+        if getattr(self, "_closed", False) or not ray.is_initialized():
+            return
+        self._closed = True
         for ranks in getattr(self, "groups", []):
             ranks.kill_actors()
         if getattr(self, "_channels", None) is None and getattr(self, "groups", []):
@@ -113,7 +118,7 @@ class RayBackend(Backend):
         if getattr(self, "_channels", None) is not None:
             ray.kill(self._channels)
             self._channels = None
-        if self._joined and ray.is_initialized():
+        if self._joined:
             ray.shutdown()  # a private instance stops (its raylet, GCS, workers); a joined cluster is only left
             self._joined = False
 
@@ -191,7 +196,7 @@ class RayRanks(GroupRanks):
 
     def results(self, block_s: float = 0.0) -> list[Result]:
         with self._lock:
-            refs = list(self._pending)
+            refs = list(self._pending) if ray.is_initialized() else []  # (a Ray call now would start a new Ray)
         if not refs:
             time.sleep(block_s)
             return []
@@ -225,7 +230,7 @@ class RayRanks(GroupRanks):
         return out
 
     def exit_status(self, rank: int) -> str | None:
-        if self._stopping:
+        if self._stopping or not ray.is_initialized():
             return None
         now = time.monotonic()
         if self._dead[rank] is None and now - self._watch_checked > WATCH_EVERY_S:
@@ -433,6 +438,10 @@ class RayQueues:
         if last is not None:
             self._ask(last, 0.0)
 
+    def _session(self) -> None:
+        if not ray.is_initialized():  # the run's Ray session ended (any Ray call would start a new one)
+            raise ConnectionError(f"channel {self.name!r}: the run's Ray session has ended")
+
     def _ask(self, ref, wait_s: float):
         try:
             return ray.get(ref, timeout=wait_s + _ANSWER_S)
@@ -458,6 +467,7 @@ class RayQueues:
                 return (True, value) if waited >= 0 else (False, None)
 
     def put(self, key: Hashable, item: Any, deadline: float, check, slice_s: float) -> bool:
+        self._session()
         if _tensor_bytes(item) >= BY_REF_MIN_BYTES:
             wrapped: Any = [ray.put(item)]  # the item goes to the object store; the queue holds its ObjectRef
         else:  # the house codec's bytes (small tensors as raw bytes), held by the queue actor as they are
@@ -475,6 +485,7 @@ class RayQueues:
         return ok
 
     def get(self, key: Hashable, deadline: float, check, slice_s: float) -> tuple[bool, Any]:
+        self._session()
         self._settle(key)
         ok, wrapped = self._until(lambda t: self.actor.get.remote(self.name, key, t), "wait_get", deadline, check,
                                   slice_s)
@@ -491,6 +502,7 @@ class RayQueues:
                 from None
 
     def qsize(self, key: Hashable) -> int:
+        self._session()
         self._settle(key)
         return self._ask(self.actor.qsize.remote(self.name, key), 0.0)
 
