@@ -190,6 +190,15 @@ def test_channels_cross_nodes_bounded_and_in_order(two_nodes):
         unbounded.get(key="empty", timeout=0.2)
     with pytest.raises(ValueError, match="already exists"):
         Channel.create("bounded", two_nodes)
+    group.trace_enable().wait()  # a get that waits is traced as wait_get, for as long as it waited
+    waiting = group.execute_on(1).consume(unbounded, 1, "late", 20)
+    time.sleep(0.6)
+    unbounded.put("late", key="late")
+    assert waiting.wait() == [["late"]]
+    waits = [(end - start) / 1e9 for _, _, name, _, start, end in group.execute_on(1).trace_drain().wait()[0]
+             if name == "wait_get"]
+    assert len(waits) == 1 and 0.3 < waits[0] < 5, waits
+    group.trace_enable(False).wait()
     # a driver blocked in a get notices a death
     pid = group.info().wait()[1]["pid"]
     group.execute_on(1).sleep(0.3)
