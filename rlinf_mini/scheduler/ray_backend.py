@@ -125,19 +125,16 @@ class RayBackend(Backend):
 
 def _tensor_to_numpy(t) -> tuple:
     """How a tensor crosses Ray here: as a numpy array, which Ray's pickle-5 path puts in the object store out of band
-    (one copy in) and hands back without a copy; torch's own pickling goes through torch.save (786 KB: ~3x slower).
-    On the CPU, as the local codec does; dtypes numpy lacks (bfloat16) travel as bytes."""
+    (one copy in) and hands back without a copy; torch's own pickling goes through torch.save (ray.put + ray.get of
+    786 KB measured 4.9 ms that way, 3.1 ms this way). On the CPU, as the local codec does; dtypes numpy lacks
+    (bfloat16) travel as bytes."""
+    import torch
+
     t = t.detach().cpu().contiguous()
     try:
         return t.numpy(), None, ()
     except TypeError:
-        return t.view(-1).view(torch_uint8()).numpy(), t.dtype, tuple(t.shape)
-
-
-def torch_uint8():
-    import torch
-
-    return torch.uint8
+        return t.view(-1).view(torch.uint8).numpy(), t.dtype, tuple(t.shape)
 
 
 def _tensor_from_numpy(state: tuple):
@@ -247,10 +244,14 @@ class RayRanks(GroupRanks):
 
     def request_stop(self) -> None:
         self._stopping = True
+        if not ray.is_initialized():  # the session is gone, and the actors with it
+            return
         # queued behind the current call: the worker closes (envs, shared buffers) and the actor stays, idle
         self._stop_refs = [a.stop.remote() for r, a in enumerate(self.actors) if self._dead[r] is None]
 
     def finish_stop(self, deadline: float) -> None:
+        if not ray.is_initialized():
+            return
         if self._stop_refs:
             ray.wait(self._stop_refs, num_returns=len(self._stop_refs), timeout=max(0.0, deadline - time.monotonic()))
         self.kill_actors()
