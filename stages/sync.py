@@ -136,10 +136,11 @@ class WeightReceiver:
 
     def _wait_mailbox(self, version: int, timeout: float, start: float) -> None:
         """Ray: the actor's notice (a same-node buffer is written already) or the weights (from another node)."""
-        ok, (sent, weights) = self.mailbox.get(self.segment.name, start + timeout, None, timeout)
+        ok, message = self.mailbox.get(self.segment.name, start + timeout, None, timeout)
         if not ok:
             raise TimeoutError(f"weight sync: version {version} did not arrive from actor rank 0 within {timeout:g} s "
                                f"(buffer holds version {int(self._stamp[0])})")
+        sent, weights = message
         if weights is not None:
             with torch.no_grad(), span("weight_copy"):
                 for name, t in weights.items():

@@ -261,3 +261,31 @@ def test_ctrl_c_leaves_no_actor_and_no_ray_process(tmp_path):
     while _marked(marker) and time.monotonic() < deadline:  # Ray's agents exit a moment after their raylet
         time.sleep(0.2)
     assert _marked(marker) == [], "processes outlived the run"
+
+
+def test_weight_sync_remote_and_same_node_paths_and_timeout(two_nodes, monkeypatch):
+    """Both sides of stages/sync.py in this process, told they are on Ray nodes: a buffer on another node gets the
+    weights through the mailbox (the object store), one on the same node the shared-memory copy plus a notice."""
+    from stages.sync import WeightReceiver, WeightSender
+
+    torch.manual_seed(0)
+    actor_model, rollout_model = torch.nn.Linear(200, 100), torch.nn.Linear(200, 100)  # 80 KB: by ObjectRef
+    monkeypatch.setenv("RLINF_MINI_RAY_NODE", "node-a")
+    receiver, sender = WeightReceiver(rollout_model), WeightSender()
+    try:
+        assert receiver.handle().node == "node-a" and receiver.handle().mailbox is not None
+        for version, node in ((1, "node-b"), (2, "node-a")):  # remote, then same node
+            with torch.no_grad():
+                actor_model.weight.add_(1.0)
+            monkeypatch.setenv("RLINF_MINI_RAY_NODE", node)  # the sender's node
+            assert sender.send(actor_model, [receiver.handle()], version) == 4 * (200 * 100 + 100)
+            receiver.wait_for_version(version, timeout=20)
+            for k, v in actor_model.state_dict().items():
+                assert torch.equal(v, rollout_model.state_dict()[k]), (version, k)
+        with pytest.raises(TimeoutError, match=r"version 3 did not arrive from actor rank 0 within 0\.3 s \(buffer "
+                                               r"holds version 2\)"):
+            receiver.wait_for_version(3, timeout=0.3)
+    finally:
+        sender.close()
+        receiver.close()
+    assert alive_actors() == ["_ChannelActor"]  # the mailbox, made here; the cluster's shutdown removes it

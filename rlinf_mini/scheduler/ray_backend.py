@@ -113,7 +113,7 @@ class RayBackend(Backend):
         self._closed = True
         for ranks in getattr(self, "groups", []):
             ranks.kill_actors()
-        if getattr(self, "_channels", None) is None and getattr(self, "groups", []):
+        if getattr(self, "_channels", None) is None:
             self._channels = _channel_actor(None, create=False)  # a rank may have made it (weights_mailbox)
         if getattr(self, "_channels", None) is not None:
             ray.kill(self._channels)
