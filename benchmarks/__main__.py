@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.table import format_table
 
-GROUPS = ("channel", "weights", "group_call", "pipeline", "runner", "cartpole")
+GROUPS = ("channel", "weights", "group_call", "pipeline", "runner", "cartpole", "ray")
 
 SIZES = {  # per mode: message counts, parameter counts, steps (runner: MLP and VLA steps with the tracer on, and off)
     "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [(10_000_000, 5), (100_000_000, 3)], "calls": 300,
@@ -63,6 +63,13 @@ def run(mode: str, groups: list[str], out_dir: Path) -> list:
                 rows += m.runner_and_tracing(s["runner"][0], "configs/embodied_mlp.yaml")
                 if mode != "tiny":
                     rows += m.runner_and_tracing(s["runner"][1], "configs/embodied.yaml")
+            elif group == "ray":  # the Ray backend (pip install -e ".[ray]"): benchmarks/ray_backend.py
+                try:
+                    from benchmarks.ray_backend import ray_rows
+                except ImportError as e:
+                    print(f"ray: skipped ({e}; pip install -e '.[ray]')", file=sys.stderr)
+                    continue
+                rows += ray_rows(mode)
             elif group == "cartpole":
                 if mode != "full":
                     print("cartpole: skipped in --quick / --tiny (run without --quick, or python -m "

@@ -376,19 +376,19 @@ def test_device_sync_protocol_on_the_cpu(monkeypatch):
     specifics (IPC, pinning, synchronize) are the `gpu` tests' part."""
     from gpu_helpers import SmallModel
 
-    from stages import sync
+    from stages import sync, sync_gpu
 
-    monkeypatch.setattr(sync, "pin", lambda seg: False)
-    monkeypatch.setattr(sync, "gpu_id", lambda device: "GPU-test")
-    monkeypatch.setattr(sync.GpuWeightReceiver, "_share", staticmethod(lambda flat: b"ipc"))
+    monkeypatch.setattr(sync_gpu, "pin", lambda seg: False)
+    monkeypatch.setattr(sync_gpu, "gpu_id", lambda device: "GPU-test")
+    monkeypatch.setattr(sync_gpu.GpuWeightReceiver, "_share", staticmethod(lambda flat: b"ipc"))
     rollout, actor = SmallModel(), SmallModel()
-    receiver = sync.GpuWeightReceiver(rollout)
+    receiver = sync_gpu.GpuWeightReceiver(rollout)
     sender = sync.WeightSender()
     try:
         handle = receiver.handle()
         assert handle.gpu == "GPU-test" and handle.cuda_ipc == b"ipc"
         for v, path in enumerate(["pinned host copy", "cuda ipc", "pinned host copy"]):
-            monkeypatch.setattr(sync.GpuSender, "path", lambda self, weights, h, p=path: p)
+            monkeypatch.setattr(sync_gpu.GpuSender, "path", lambda self, weights, h, p=path: p)
             if path == "cuda ipc":
                 sender._gpu._ipc[handle.segment_name] = receiver.flat  # what opening the IPC handle gives
             with torch.no_grad():

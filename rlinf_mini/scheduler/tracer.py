@@ -72,6 +72,13 @@ def span(name: str, stage: int = -1, component: str | None = None) -> Iterator[N
         _spans.append((component or who[0], who[1], name, stage, start, time.monotonic_ns()))
 
 
+def record(name: str, start_ns: int, end_ns: int) -> None:
+    """Record a span measured elsewhere (a wait only known to have happened once it is over: a Ray channel call)."""
+    if _enabled:
+        who = getattr(_thread, "who", _who)
+        _spans.append((who[0], who[1], name, -1, start_ns, end_ns))
+
+
 def drain() -> list[Span]:
     """Hand over and forget the spans recorded so far in this process."""
     global _spans

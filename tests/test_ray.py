@@ -1,0 +1,291 @@
+"""The Ray backend (cluster.backend: ray) on a 2-node Ray cluster on this machine (ray.cluster_utils, one CPU per
+node, shared by the whole session): the same run is bitwise the same on local, ray with 1 node and ray with 2 nodes
+(actor rank 0 on node 0, env and rollout on node 1: the cross-node weight path, and the actor's all-reduce across
+the nodes); a kill -9, an exception, a hang and a failed constructor are reported as on local; channels through the
+queue actor; Ctrl-C leaves no actor and no Ray process. After every test no actor of ours is alive."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+
+import ray  # noqa: E402
+import ray.cluster_utils  # noqa: E402
+import torch  # noqa: E402
+from conftest import ROOT, write_config  # noqa: E402
+from test_pipeline import SMALL, cat_ranks, small_cfg  # noqa: E402
+from toy_workers import BrokenWorker, EchoWorker  # noqa: E402
+
+from rlinf_mini.config import ClusterConfig  # noqa: E402
+from rlinf_mini.scheduler.channel import Channel, ChannelTimeout  # noqa: E402
+from rlinf_mini.scheduler.cluster import Cluster  # noqa: E402
+from rlinf_mini.scheduler.ray_backend import _import_roots  # noqa: E402
+from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError  # noqa: E402
+from rlinf_mini.train import RunPlan, launch  # noqa: E402
+from stages.placement import ComponentPlacement  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """Two Ray nodes of 1 CPU each on this machine; the tests' runs use this session (the backend leaves a session it
+    did not start alone)."""
+    cluster = ray.cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+                                                                               "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": _import_roots()}},
+                 logging_level="WARNING")
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def alive_actors() -> list[str]:
+    """Our actors (rank and queue actors) the GCS still holds alive, by class name."""
+    from ray._private.state import state
+
+    return [a["ActorClassName"] for a in state.actor_table(None).values() if a["State"] != "DEAD"]
+
+
+@pytest.fixture(autouse=True)
+def no_actor_left(ray_cluster):
+    yield
+    deadline = time.monotonic() + 5
+    while alive_actors() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive_actors() == [], "Ray actors outlived the test"
+
+
+def collect(tmp_path, placement: dict, num_devices: int, **cluster) -> tuple:
+    """Launch, run 2 steps by hand; returns (trajectories per step, trained actor weights, rollout weights after the
+    last sync, the runner's weight handles, the cluster's Ray nodes)."""
+    cfg, source = small_cfg(tmp_path, placement, num_devices, 2, cluster=cluster)
+    plan = RunPlan(cfg, source)
+    c = Cluster(cfg.cluster)
+    try:
+        runner = launch(cfg, plan, c)
+        runner.init_workers()
+        batches = []
+        for step in range(2):
+            runner.global_step = step
+            runner.actor.set_global_step(step).wait()
+            runner.update_rollout_weights()
+            runner.generate_rollouts()
+            batches.append(cat_ranks(runner.actor.get_rollout_batch().wait()))
+            runner.actor.compute_advantages_and_returns().wait()
+            runner.actor.run_training().wait()
+        trained = runner.actor.get_state_dict().wait()
+        runner.global_step = 2
+        runner.update_rollout_weights()
+        after_sync = runner.rollout.get_state_dict().wait()
+        return batches, trained, after_sync, runner.weight_handles, getattr(c.backend, "nodes", None)
+    finally:
+        c.shutdown()
+
+
+# actor ranks on devices 1 and 2, env and rollout on device 3. With 2 nodes of 2 devices: actor rank 0 on node 0,
+# actor rank 1 and the rollout on node 1. Each device is one CPU core (the same cores on every backend).
+PLACEMENT = {"actor": "1-2", "env,rollout": "3"}
+
+
+def test_local_ray_and_ray_on_two_nodes_train_bitwise_the_same(ray_cluster, tmp_path):
+    local = collect(tmp_path, PLACEMENT, 4)
+    one_node = collect(tmp_path, PLACEMENT, 4, backend="ray")
+    two_nodes = collect(tmp_path, PLACEMENT, 4, backend="ray", num_nodes=2)
+    nodes = two_nodes[4]
+    assert [h.node for h in two_nodes[3]] == [nodes[1]["NodeID"]]  # the rollout's buffer is on node 1...
+    assert nodes[0]["NodeID"] != nodes[1]["NodeID"]  # ...and actor rank 0 on node 0: weights crossed nodes
+    assert all(h.node == one_node[4][0]["NodeID"] for h in one_node[3])  # one node: the shared buffer
+    assert [h.mailbox for h in local[3]] == [None]
+    for name, run in (("ray 1 node", one_node), ("ray 2 nodes", two_nodes)):
+        for step in range(2):
+            assert local[0][step].keys() == run[0][step].keys()
+            for k in local[0][step]:
+                assert torch.equal(local[0][step][k], run[0][step][k]), f"{name}: step {step} {k} differs"
+        for rank in range(2):  # both actor ranks (their all-reduce kept them equal)
+            for k, v in local[1][rank].items():
+                assert torch.equal(v, run[1][rank][k]), f"{name}: trained {k} differs on actor rank {rank}"
+        for k, v in local[2][0].items():
+            assert torch.equal(v, run[2][0][k]), f"{name}: rollout {k} after sync differs"
+            assert torch.equal(v, run[1][0][k]), f"{name}: rollout {k} is not the actor's after sync"
+
+
+def launch_echo(cluster, devices: str, num_devices: int, name: str, cls=EchoWorker):
+    return cls.create_group(None).launch(cluster, ComponentPlacement({"p": devices}, num_devices).get_strategy("p"),
+                                         name=name)
+
+
+@pytest.fixture
+def two_nodes(ray_cluster):
+    c = Cluster(ClusterConfig(backend="ray", num_nodes=2, num_devices=2, timeout_s=20))
+    yield c
+    c.shutdown()
+
+
+def test_kill9_of_a_rank_is_reported_within_10s_naming_group_and_rank(two_nodes):
+    group = launch_echo(two_nodes, "0-1", 2, "Echo")  # rank 0 on node 0, rank 1 on node 1
+    infos = group.info().wait()
+    assert sorted(alive_actors()) == ["_RankActor", "_RankActor"]  # the check below can fail
+    assert [i["rank"] for i in infos] == [0, 1] and not any(i["torch_before_pinning"] for i in infos)
+    assert [i["cuda_visible"] for i in infos] == ["", ""]  # Ray's own CUDA_VISIBLE_DEVICES was replaced by ours
+    pending = group.sleep(30)
+    os.kill(infos[1]["pid"], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=rf"^Echo rank 1 \(pid {infos[1]['pid']}\) died with Ray actor died"):
+        pending.wait()
+    assert time.monotonic() - start < 10
+    two_nodes.shutdown()
+    assert alive_actors() == []  # the cluster's shutdown waited for every actor to be gone
+
+
+def test_exception_constructor_failure_and_hang_are_reported_like_local(two_nodes):
+    group = launch_echo(two_nodes, "0-1", 2, "Echo")
+    with pytest.raises(WorkerError, match=r"Echo rank 1 raised in fail\(\)") as err:
+        group.fail(1).wait()
+    assert "Traceback" in str(err.value) and "ValueError: planned failure on rank 1" in str(err.value)
+    assert group.add(1, b=2).wait() == [3, 4]  # the group still serves calls
+    with pytest.raises(TimeoutError, match=r"Echo\.sleep\(\) did not return from rank\(s\) \[0\] within 1 s"):
+        group.execute_on(0).sleep(60).wait(timeout=1)
+    broken = launch_echo(two_nodes, "1", 2, "Broken", BrokenWorker)
+    with pytest.raises(WorkerError, match=r"Broken rank 0 failed to start:[\s\S]*constructor failed on purpose"):
+        broken.info().wait()
+    start = time.monotonic()
+    two_nodes.shutdown()  # the hung rank is killed after the grace period
+    assert time.monotonic() - start < 10
+
+
+def test_channels_cross_nodes_bounded_and_in_order(two_nodes):
+    group = launch_echo(two_nodes, "0-1", 2, "Echo")
+    bounded = Channel.create("bounded", two_nodes, maxsize=2)
+    items = [torch.randn(1000) for _ in range(5)] + [{"small": torch.arange(3), "text": "x"}]
+    consumed = group.execute_on(1).consume(bounded, len(items), "k", 20)  # node 1 reads what node 0 writes
+    produced = group.execute_on(0).produce(bounded, items, "k")
+    assert produced.wait() == [len(items)]
+    got = consumed.wait()[0]
+    for a, b in zip(items[:5], got[:5], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(got[5]["small"], torch.arange(3)) and got[5]["text"] == "x"
+    bounded.put(1, key="full")
+    bounded.put(2, key="full")
+    assert bounded.qsize("full") == 2
+    with pytest.raises(ChannelTimeout, match=r"still full after 0\.3 s \(is its consumer alive and reading\?\)"):
+        bounded.put(3, key="full", timeout=0.3)
+    assert [bounded.get(key="full"), bounded.get(key="full")] == [1, 2]
+    unbounded = Channel.create("unbounded", two_nodes)
+    for i in range(600):  # beyond what a kernel socket buffer holds: unbounded means unbounded
+        unbounded.put(i, key="u")
+    assert unbounded.qsize("u") == 600 and [unbounded.get(key="u") for _ in range(600)] == list(range(600))
+    with pytest.raises(ChannelTimeout, match=r"nothing arrived within 0 s"):
+        unbounded.get(key="empty", timeout=0.2)
+    with pytest.raises(ValueError, match="already exists"):
+        Channel.create("bounded", two_nodes)
+    group.trace_enable().wait()  # a get that waits is traced as wait_get, for as long as it waited
+    waiting = group.execute_on(1).consume(unbounded, 1, "late", 20)
+    time.sleep(0.6)
+    unbounded.put("late", key="late")
+    assert waiting.wait() == [["late"]]
+    waits = [(end - start) / 1e9 for _, _, name, _, start, end in group.execute_on(1).trace_drain().wait()[0]
+             if name == "wait_get"]
+    assert len(waits) == 1 and 0.3 < waits[0] < 5, waits
+    group.trace_enable(False).wait()
+    # a driver blocked in a get notices a death
+    pid = group.info().wait()[1]["pid"]
+    group.execute_on(1).sleep(0.3)
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=rf"Echo rank 1 \(pid {pid}\) died with Ray actor died"):
+        unbounded.get(key="never", timeout=20)
+    assert time.monotonic() - start < 10
+
+
+def test_num_nodes_beyond_the_ray_cluster_is_refused(ray_cluster):
+    with pytest.raises(RuntimeError, match=r"cluster\.num_nodes=3, but the Ray cluster has 2 alive node\(s\)"):
+        Cluster(ClusterConfig(backend="ray", num_nodes=3, num_devices=3))
+
+
+def _marked(marker: str) -> list[str]:
+    """Processes whose environment holds the marker (every process the run started inherits it)."""
+    needle = f"RLINF_MINI_TEST_RAY_RUN={marker}\0".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if needle in Path(entry.path, "environ").read_bytes():
+                    state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state != "Z":
+                        found.append(Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80])
+            except OSError:
+                continue
+    return found
+
+
+def test_ctrl_c_leaves_no_actor_and_no_ray_process(tmp_path):
+    """A run on its own Ray instance (cluster.ray_address ''), stopped by Ctrl-C (SIGINT to its process group, as a
+    terminal sends it) once it trains: every process it started (Ray's included) is gone."""
+    sections = {**SMALL, "runner": {**SMALL["runner"], "max_epochs": 1000, "save_interval": -1},
+                "cluster": {"backend": "ray", "num_devices": 2, "component_placement": {"env,rollout": "0",
+                                                                                         "actor": "1"}}}
+    path = write_config(tmp_path, **sections)
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "RLINF_MINI_TEST_RAY_RUN": marker, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "rlinf_mini.train", "--config", str(path)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        metrics = next(iter(tmp_path.glob("results/*/metrics.jsonl")), None)
+        deadline = time.monotonic() + 120
+        while (metrics is None or "\"step\": 1" not in metrics.read_text()) and proc.poll() is None:
+            assert time.monotonic() < deadline, "the run did not train a step within 120 s"
+            time.sleep(0.5)
+            metrics = next(iter(tmp_path.glob("results/*/metrics.jsonl")), None)
+        assert proc.poll() is None, proc.stderr.read()
+        assert any("ray::_RankActor" in p or "raylet" in p for p in _marked(marker))  # the check can fail
+        os.killpg(proc.pid, signal.SIGINT)
+        stderr = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130, stderr
+    deadline = time.monotonic() + 10
+    while _marked(marker) and time.monotonic() < deadline:  # Ray's agents exit a moment after their raylet
+        time.sleep(0.2)
+    assert _marked(marker) == [], "processes outlived the run"
+
+
+def test_weight_sync_remote_and_same_node_paths_and_timeout(two_nodes, monkeypatch):
+    """Both sides of stages/sync.py in this process, told they are on Ray nodes: a buffer on another node gets the
+    weights through the mailbox (the object store), one on the same node the shared-memory copy plus a notice."""
+    from stages.sync import WeightReceiver, WeightSender
+
+    torch.manual_seed(0)
+    actor_model, rollout_model = torch.nn.Linear(200, 100), torch.nn.Linear(200, 100)  # 80 KB: by ObjectRef
+    monkeypatch.setenv("RLINF_MINI_RAY_NODE", "node-a")
+    receiver, sender = WeightReceiver(rollout_model), WeightSender()
+    try:
+        assert receiver.handle().node == "node-a" and receiver.handle().mailbox is not None
+        for version, node in ((1, "node-b"), (2, "node-a")):  # remote, then same node
+            with torch.no_grad():
+                actor_model.weight.add_(1.0)
+            monkeypatch.setenv("RLINF_MINI_RAY_NODE", node)  # the sender's node
+            assert sender.send(actor_model, [receiver.handle()], version) == 4 * (200 * 100 + 100)
+            receiver.wait_for_version(version, timeout=20)
+            for k, v in actor_model.state_dict().items():
+                assert torch.equal(v, rollout_model.state_dict()[k]), (version, k)
+        with pytest.raises(TimeoutError, match=r"version 3 did not arrive from actor rank 0 within 0\.3 s \(buffer "
+                                               r"holds version 2\)"):
+            receiver.wait_for_version(3, timeout=0.3)
+    finally:
+        sender.close()
+        receiver.close()
+    assert alive_actors() == ["_ChannelActor"]  # the mailbox, made here; the cluster's shutdown removes it
