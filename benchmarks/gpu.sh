@@ -66,7 +66,7 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, 'GPUs', n,
 print('CUDA_VISIBLE_DEVICES', os.environ.get('CUDA_VISIBLE_DEVICES'), '-> visible', devices.visible_gpus(os.environ, n))
 print('/dev/shm free', shm.free_bytes() / 2**30, 'GiB')
 if n:
-    from stages.sync import gpu_id, pin, unpin
+    from stages.sync_gpu import gpu_id, pin, unpin
     seg = shm.SharedSegment.create(64 << 20, tag='probe')
     ok = pin(seg)
     print('GPU 0 id', gpu_id(torch.device('cuda:0')), '| cudaHostRegister on a /dev/shm segment:', ok)
