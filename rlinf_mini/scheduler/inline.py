@@ -46,15 +46,20 @@ class _Turn:
         import torch
 
         self.lock, self.num_threads = lock, num_threads
+        self.held = False
         self.torch_state = torch.Generator().get_state()  # what a freshly started process would have
         self.numpy_state = numpy.random.RandomState().get_state()
         self.python_state = random.Random().getstate()
 
-    def take(self) -> None:
+    def take(self, timeout: float = -1) -> None:
+        """Wait for the turn (at most `timeout` s, -1: for ever), then swap this rank's generators in. Past the
+        timeout the thread goes on without the turn (only an error on its way out asks for a timeout)."""
         import numpy
         import torch
 
-        self.lock.acquire()
+        self.held = self.lock.acquire(timeout=timeout)
+        if not self.held:
+            return
         torch.set_rng_state(self.torch_state)
         numpy.random.set_state(self.numpy_state)
         random.setstate(self.python_state)
@@ -65,6 +70,9 @@ class _Turn:
         import numpy
         import torch
 
+        if not self.held:
+            return
+        self.held = False
         self.torch_state = torch.get_rng_state()
         self.numpy_state = numpy.random.get_state()
         self.python_state = random.getstate()

@@ -334,5 +334,8 @@ def waiting_for_others():
     give()
     try:
         yield
-    finally:
-        _turn.take()
+    except BaseException:
+        # An error on its way out (a timeout) needs no turn: if a hung rank holds it, report without it.
+        _turn.take(timeout=1.0)
+        raise
+    _turn.take()
