@@ -27,49 +27,74 @@ from benchmarks.table import format_table
 
 GROUPS = ("channel", "weights", "group_call", "pipeline", "runner", "cartpole")
 
+REPS = {"full": 5, "quick": 3, "tiny": 1}  # repetitions of every ratio, measured in turn; the row shows their median
+
 SIZES = {  # per mode: message counts, parameter counts, steps (runner: MLP and VLA steps with the tracer on, and off)
-    "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [(10_000_000, 5), (100_000_000, 3)], "calls": 300,
-             "pipeline": (0.020, 40, (1, 2, 4), ("collocated", "disaggregated")), "runner": (60, 10)},
-    "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [(10_000_000, 3), (100_000_000, 2)], "calls": 200,
-              "pipeline": (0.020, 20, (1, 2, 4), ("collocated", "disaggregated")), "runner": (20, 5)},
-    "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [(1_000_000, 1)], "calls": 5,
-             "pipeline": (0.002, 3, (1, 2), ("disaggregated",)), "runner": (2, 2)},
+    "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [10_000_000, 100_000_000], "calls": 300,
+             # pipeline: chunk steps per rollout, E = P, the stage_nums of each placement, E != P sets
+             "pipeline": (24, 0.020, {"hybrid": (1, 2, 4), "disaggregated": (1, 2, 4), "collocated": (1, 2, 4)},
+                          True),
+             "whole_step": (16, 0.020, 0.010), "runner": (60, 10)},
+    "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [10_000_000, 100_000_000], "calls": 200,
+              "pipeline": (16, 0.020, {"hybrid": (1, 2, 4), "collocated": (1, 2)}, False),
+              "whole_step": (12, 0.020, 0.010), "runner": (20, 5)},
+    "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [1_000_000], "calls": 5,
+             "pipeline": (3, 0.002, {"hybrid": (1, 2)}, False), "whole_step": (2, 0.002, 0.001), "runner": (2, 2)},
 }
 
 
-def run(mode: str, groups: list[str], out_dir: Path) -> list:
+def loadavg() -> list[float]:
+    """The machine's 1-, 5- and 15-minute load averages (/proc/loadavg): how busy it was while a figure ran."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:  # not Linux
+        return []
+
+
+def run(mode: str, groups: list[str], out_dir: Path, load: list) -> list:
+    """The rows of `groups`; appends {"group", "when", "loadavg"} to `load` before and after each group."""
     from benchmarks import measure as m
 
-    s = SIZES[mode]
+    s, reps = SIZES[mode], REPS[mode]
     rows = []
     hosts = m.Hosts() if {"channel", "weights", "group_call"} & set(groups) else None
     try:
         for group in groups:
             start = time.monotonic()
+            load.append({"group": group, "when": "start", "loadavg": loadavg()})
             if group == "channel":
-                rows += m.channel_large(hosts, s["large"]) + m.channel_small(hosts, s["small"], s["rtt"])
+                rows += m.channel_large(hosts, s["large"], reps) + m.channel_small(hosts, s["small"], s["rtt"], reps)
             elif group == "weights":
-                for numel, reps in s["weights"]:
+                for numel in s["weights"]:
                     rows += m.weight_sync(hosts, numel, reps)
             elif group == "group_call":
-                rows += m.group_call(hosts, s["calls"])
+                rows += m.group_call(hosts, s["calls"], reps)
             elif group == "pipeline":
-                latency, steps, stage_nums, modes = s["pipeline"]
-                rows += m.pipeline(latency, latency, steps, out_dir, stage_nums, modes)
+                from benchmarks.pipeline import Case
+
+                n_steps, latency, placements, unequal = s["pipeline"]
+                sets = [[Case(p, n, latency, latency) for n in stage_nums] for p, stage_nums in placements.items()]
+                if unequal:  # E != P with both waits per env: the ideal speedup is (E + P) / max(E, P) = 1.5
+                    sets.append([Case("hybrid", n, 2 * latency, latency) for n in (1, 2)])
+                rows += m.pipeline(n_steps, reps, out_dir, sets)
+                n_steps, env_s, policy_s = s["whole_step"]
+                rows += m.whole_step(n_steps, reps, env_s, policy_s, stage1_row=mode != "tiny")
             elif group == "runner":
                 # the MLP run: tiny work per message, so the runtime's per-message cost shows; the default VLA run:
                 # the work this project ships, where inference dominates and the pipeline can hide the env
                 # (MLP steps vary by ~10 % from step to step, in the actor's update: many steps make its on/off stable)
-                rows += m.runner_and_tracing(s["runner"][0], "configs/embodied_mlp.yaml")
+                rows += m.runner_and_tracing(s["runner"][0], "configs/embodied_mlp.yaml", reps)
                 if mode != "tiny":
-                    rows += m.runner_and_tracing(s["runner"][1], "configs/embodied.yaml")
+                    rows += m.runner_and_tracing(s["runner"][1], "configs/embodied.yaml", reps)
             elif group == "cartpole":
                 if mode != "full":
                     print("cartpole: skipped in --quick / --tiny (run without --quick, or python -m "
                           "benchmarks.cartpole_vs_sb3)", file=sys.stderr)
                     continue
                 rows += m.cartpole(quick=False)
-            print(f"[{group}: {time.monotonic() - start:.1f} s]", file=sys.stderr, flush=True)
+            load.append({"group": group, "when": "end", "loadavg": loadavg()})
+            print(f"[{group}: {time.monotonic() - start:.1f} s, load {load[-1]['loadavg']}]", file=sys.stderr,
+                  flush=True)
     finally:
         if hosts is not None:
             hosts.close()
@@ -100,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # this process copies with one thread, like every benchmark child
     start = time.monotonic()
-    rows = run(mode, groups, args.out.parent)
+    load: list[dict] = []
+    rows = run(mode, groups, args.out.parent, load)
     print(format_table(rows, markdown=False))
     if args.markdown:
         print()
@@ -108,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"mode": mode, "seconds": time.monotonic() - start,
               "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
                           "torch": torch.__version__, "platform": platform.platform()},
-              "rows": [dataclasses.asdict(r) | {"met": r.met} for r in rows]}
+              "repetitions": REPS[mode], "load": load,  # /proc/loadavg before and after each group
+              "rows": [dataclasses.asdict(r) | {"met": r.met, "spread": r.spread} for r in rows]}
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out} ({report['seconds']:.0f} s)")
     return 0

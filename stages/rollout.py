@@ -228,7 +228,7 @@ class RolloutWorker(Worker):
     def _serve(self, mode: str, n_steps: int, rollout_channel: Channel, env_channel: Channel) -> int:
         if self.receiver.version < 0:
             raise RuntimeError("rollout has no weights yet: call sync_model_from_actor first")
-        seed = self.cfg.actor.seed
+        seed, latency = self.cfg.actor.seed, self.cfg.rollout.policy_latency_s
         served = 0
         with torch.no_grad():
             for _ in range(n_steps):
@@ -245,6 +245,8 @@ class RolloutWorker(Worker):
                             noise = noise.to(self.device)
                         with span("inference", stage=k):
                             out = self.model.predict_action_batch(obs, noise, mode=mode)
+                            if latency > 0:  # rollout.policy_latency_s: the wait for a GPU or a server, emulated
+                                time.sleep(latency)
                         reply = {"actions": out["actions"].cpu(), "logprobs": out["logprobs"].cpu(),
                                  "values": out["values"].cpu(), "version": self.receiver.version}
                         if "forward_inputs" in out and mode == "train":
