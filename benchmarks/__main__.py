@@ -31,15 +31,13 @@ REPS = {"full": 5, "quick": 3, "tiny": 1}  # repetitions of every ratio, measure
 
 SIZES = {  # per mode: message counts, parameter counts, steps (runner: MLP and VLA steps with the tracer on, and off)
     "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [10_000_000, 100_000_000], "calls": 300,
-             # pipeline: chunk steps per rollout, E = P, the stage_nums of each placement, E != P sets
+             # pipeline: chunk steps per rollout, E = P, the stage_nums of each placement, an E = 2P set too
              "pipeline": (24, 0.020, {"hybrid": (1, 2, 4), "disaggregated": (1, 2, 4), "collocated": (1, 2, 4)},
-                          True),
-             "whole_step": (16, 0.020, 0.010), "runner": (60, 10)},
+                          True), "runner": (60, 10)},
     "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [10_000_000, 100_000_000], "calls": 200,
-              "pipeline": (16, 0.020, {"hybrid": (1, 2, 4), "collocated": (1, 2)}, False),
-              "whole_step": (12, 0.020, 0.010), "runner": (20, 5)},
+              "pipeline": (16, 0.020, {"hybrid": (1, 2, 4), "collocated": (1, 2)}, False), "runner": (20, 5)},
     "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [1_000_000], "calls": 5,
-             "pipeline": (3, 0.002, {"hybrid": (1, 2)}, False), "whole_step": (2, 0.002, 0.001), "runner": (2, 2)},
+             "pipeline": (3, 0.002, {"hybrid": (1, 2)}, False), "runner": (2, 2)},
 }
 
 
@@ -72,13 +70,18 @@ def run(mode: str, groups: list[str], out_dir: Path, load: list) -> list:
             elif group == "pipeline":
                 from benchmarks.pipeline import Case
 
-                n_steps, latency, placements, unequal = s["pipeline"]
+                n_steps, latency, placements, extra = s["pipeline"]
                 sets = [[Case(p, n, latency, latency) for n in stage_nums] for p, stage_nums in placements.items()]
-                if unequal:  # E != P with both waits per env: the ideal speedup is (E + P) / max(E, P) = 1.5
+                env_s, policy_s = 2 * latency, latency  # a VLA on a GPU beside a CPU simulator (README, Performance)
+                vla = {k: Case(p, n, env_s, policy_s, per_call=True) for k, (p, n) in
+                       {"c1": ("collocated", 1), "h1": ("hybrid", 1), "h2": ("hybrid", 2)}.items()}
+                if mode == "tiny":  # one cluster: the E = P pair and the whole-step pair
+                    sets = [sets[0] + [vla["c1"], vla["h2"]]]
+                else:
+                    sets.append(list(vla.values()))
+                if extra:  # E != P with both waits per env: the ideal speedup is (E + P) / max(E, P) = 1.5
                     sets.append([Case("hybrid", n, 2 * latency, latency) for n in (1, 2)])
                 rows += m.pipeline(n_steps, reps, out_dir, sets)
-                n_steps, env_s, policy_s = s["whole_step"]
-                rows += m.whole_step(n_steps, reps, env_s, policy_s, stage1_row=mode != "tiny")
             elif group == "runner":
                 # the MLP run: tiny work per message, so the runtime's per-message cost shows; the default VLA run:
                 # the work this project ships, where inference dominates and the pipeline can hide the env

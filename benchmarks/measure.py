@@ -281,8 +281,9 @@ def group_call(h: Hosts, n: int, reps: int) -> list[Row]:
 
 
 def pipeline(n_steps: int, reps: int, out_dir: Path, sets: list[list]) -> list[Row]:
-    """The pipeline rows (benchmarks/pipeline.py): each set of cases runs in its own cluster, in turn per round; the
-    first hybrid stage_num 2 case with equal latencies is the target row, and its timeline is drawn."""
+    """The pipeline rows and the whole-step row (benchmarks/pipeline.py): each set of cases runs in its own cluster,
+    in turn per round. The hybrid stage_num 2 case with equal latencies is the target row; its timeline is drawn.
+    A set holding collocated stage_num 1 and hybrid stage_num 2 with a per-call policy gives the whole-step row."""
     from benchmarks import pipeline as pl
 
     rows = []
@@ -299,22 +300,11 @@ def pipeline(n_steps: int, reps: int, out_dir: Path, sets: list[list]) -> list[R
                                             title=f"real runner, hybrid, pipeline_stage_num=2, E=P="
                                                   f"{target.env_s * 1e3:g} ms (end of the rollout)")
         rows += pl.pipeline_rows(cases, times, n_steps, Row, target, png)
+        fast = next((c for c in cases if c.placement == "hybrid" and c.stage_num == 2 and c.per_call), None)
+        slow = next((c for c in cases if c.placement == "collocated" and c.stage_num == 1 and c.per_call), None)
+        if fast is not None and slow is not None:
+            rows.append(pl.whole_step_row(fast, slow, times, Row, pl.NUM_ENVS * n_steps))
     return rows
-
-
-def whole_step(n_steps: int, reps: int, env_s: float, policy_s: float, stage1_row: bool = True) -> list[Row]:
-    """RLinf's headline in kind: the whole step of hybrid placement with 2 stages against collocated with 1 stage,
-    with a policy whose wait is per call (a VLA on a GPU) and an env whose wait is per env (a CPU simulator).
-    stage1_row: also run hybrid with 1 stage, for the pipeline row of these (unequal) latencies."""
-    from benchmarks import pipeline as pl
-
-    hybrid1 = pl.Case("hybrid", 1, env_s, policy_s, per_call=True)
-    hybrid2 = pl.Case("hybrid", 2, env_s, policy_s, per_call=True)
-    colloc1 = pl.Case("collocated", 1, env_s, policy_s, per_call=True)
-    cases = [colloc1, hybrid1, hybrid2] if stage1_row else [colloc1, hybrid2]
-    times, _ = pl.measure(cases, n_steps, reps, whole_step=True)
-    rows = pl.pipeline_rows([hybrid1, hybrid2], times, n_steps, Row, None, None)[1:] if stage1_row else []
-    return rows + [pl.whole_step_row(hybrid2, colloc1, times, Row, pl.NUM_ENVS * n_steps)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,11 +77,12 @@ def _config(case: Case, n_steps: int, log_path: str):
         actor=dataclasses.replace(cfg.actor, group_name=names["actor"]))
 
 
-def measure(cases: list[Case], n_steps: int, reps: int, whole_step: bool = False, trace: Case | None = None,
-            ) -> tuple[dict[Case, list[dict]], list]:
-    """Start one runner per case in one cluster, warm each up, then time `reps` rounds, the cases in turn within a
-    round (so a busy machine slows every case alike). Returns, per case, each round's {"generate_s"[, "step_s"]},
-    and the tracer's spans of `trace`'s last round (env and rollout workers)."""
+def measure(cases: list[Case], n_steps: int, reps: int, trace: Case | None = None) -> tuple[dict[Case, list[dict]],
+                                                                                              list]:
+    """Start one runner per case in one cluster, warm each up with one training step, then run `reps` rounds of one
+    step each, the cases in turn within a round (so a busy machine slows every case alike). Returns, per case, each
+    round's {"generate_s", "step_s"} (the runner's own timers), and the spans of `trace`'s last round (env and
+    rollout workers)."""
     from rlinf_mini.scheduler.cluster import Cluster
     from rlinf_mini.train import RunPlan, launch
 
@@ -109,16 +109,9 @@ def measure(cases: list[Case], n_steps: int, reps: int, whole_step: bool = False
                     if c == trace:
                         runner.env.trace_drain().wait()
                         runner.rollout.trace_drain().wait()
-                    if whole_step:
-                        runner.max_steps = runner.global_step + 1
-                        last = runner.run()[-1]
-                        t = {"generate_s": last["time/generate_rollouts"], "step_s": last["time/step"]}
-                    else:
-                        runner.update_rollout_weights()
-                        runner.actor.set_global_step(runner.global_step).wait()
-                        start = time.perf_counter()
-                        runner.generate_rollouts()
-                        t = {"generate_s": time.perf_counter() - start}
+                    runner.max_steps = runner.global_step + 1
+                    last = runner.run()[-1]
+                    t = {"generate_s": last["time/generate_rollouts"], "step_s": last["time/step"]}
                     if rnd > 0:
                         times[c].append(t)
                     if c == trace and rnd == reps:
@@ -131,12 +124,14 @@ def measure(cases: list[Case], n_steps: int, reps: int, whole_step: bool = False
 
 def pipeline_rows(cases: list[Case], times: dict[Case, list[dict]], n_steps: int, row_cls, target_case: Case | None,
                   png: Path | None) -> list:
-    """One row per case: its speedup over the case with stage_num 1 (same placement and latencies), per round,
-    divided by the ideal speedup; the row's figures are medians over the rounds."""
+    """One row per case with stage_num > 1: its rollout's speedup over the case with stage_num 1 (same placement and
+    latencies), per round, divided by the ideal speedup; the row's figures are medians over the rounds."""
     rows = []
     for c in cases:
-        base = next(b for b in cases if (b.placement, b.env_s, b.policy_s, b.per_call, b.stage_num)
-                    == (c.placement, c.env_s, c.policy_s, c.per_call, 1))
+        base = next((b for b in cases if (b.placement, b.env_s, b.policy_s, b.per_call, b.stage_num)
+                     == (c.placement, c.env_s, c.policy_s, c.per_call, 1)), None)
+        if c.stage_num == 1 or base is None:
+            continue
         ideal = base.ideal_step_s() / c.ideal_step_s()
         reps = []
         for t, t1 in zip(times[c], times[base], strict=True):
