@@ -160,7 +160,7 @@ def test_benchmarks_tiny_mode_writes_every_row(tmp_path):
     report = json.loads(out.read_text())
     rows = {r["name"]: r for r in report["rows"]}
     pipe = "pipeline hybrid, stage_num 2, E=2 ms, P=2 ms"
-    whole = "whole step: hybrid, stage_num 2 vs collocated, stage_num 1 (E=4 ms, P=2 ms per call)"
+    whole = "whole step: hybrid, stage_num 2 vs collocated, stage_num 1 (E=2 ms, P=1 ms per call)"
     assert {"channel, large (64x3x64x64 uint8, 786 KB)", "channel, small (dict of 4 scalars)",
             "weight sync, 1M float32 (4 MB)", pipe, whole} <= set(rows)
     for r in rows.values():
