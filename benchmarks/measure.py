@@ -292,13 +292,14 @@ def pipeline(n_steps: int, reps: int, out_dir: Path, sets: list[list]) -> list[R
                        and not c.per_call), None)
         times, spans = pl.measure(cases, n_steps, reps, trace=target)
         png = None
-        if target is not None and spans:
-            t_end = max(s[5] for s in spans)
-            t0 = t_end - int(6 * target.ideal_step_s() * 1e9)  # the last few steps, clipped to that window
-            window = [(*s[:4], max(s[4], t0), s[5]) for s in spans if s[5] >= t0]
+        steps = sorted((s for s in spans if s[2] == "env_step"), key=lambda s: s[4])
+        if target is not None and steps:
+            mid = len(steps) // 2  # a few chunk steps from the middle of the rollout: the pipeline at its steady state
+            t0, t1 = steps[max(0, mid - 4)][4], steps[min(len(steps) - 1, mid + 3)][5]
+            window = [(*s[:4], max(s[4], t0), min(s[5], t1)) for s in spans if s[5] >= t0 and s[4] <= t1]
             png = tracer.write_timeline_png(window, out_dir / "pipeline_stage2_timeline.png",
                                             title=f"real runner, hybrid, pipeline_stage_num=2, E=P="
-                                                  f"{target.env_s * 1e3:g} ms (end of the rollout)")
+                                                  f"{target.env_s * 1e3:g} ms (chunk steps from mid-rollout)")
         rows += pl.pipeline_rows(cases, times, n_steps, Row, target, png)
         fast = next((c for c in cases if c.placement == "hybrid" and c.stage_num == 2 and c.per_call), None)
         slow = next((c for c in cases if c.placement == "collocated" and c.stage_num == 1 and c.per_call), None)
