@@ -1,15 +1,17 @@
 """Every performance figure of rlinf_mini, as a ratio against the physical limit and the obvious alternative,
-measured side by side in one run. Prints one table and writes JSON (and, with --markdown, the README table).
+measured side by side in one run: each ratio is the median of repetitions in which ours, the baseline and the limit
+run in turn. Prints one table (ratio as "median [min-max]") and writes JSON with every repetition and the load average
+(and, with --markdown, the README table).
 
-    python -m benchmarks                   # everything, CartPole vs SB3 included (about 6 minutes on 2 cores)
-    python -m benchmarks --quick           # <= 2 minutes on 2 cores: smaller counts, no CartPole
+    python -m benchmarks                   # everything, CartPole vs SB3 included, 5 repetitions
+    python -m benchmarks --quick           # aims at <= 2 minutes on 2 quiet cores: 3 repetitions, fewer cases
     python -m benchmarks --markdown        # also print the table as markdown (README "Performance")
     python -m benchmarks --device cuda     # the GPU figures (benchmarks/gpu.py); exits 0 with a message without one
     python -m benchmarks --only channel,pipeline --out results/x.json
 
 Rows (see README "Performance" for what each means): channel large / small, weight sync 10M / 100M, group call round
-trip, pipeline (stage_num 1, 2, 4 x collocated / disaggregated / hybrid), end to end runner vs a plain loop, tracing
-overhead, CartPole vs stable-baselines3.
+trip, pipeline on the real runner (stage_num 2, 4 x hybrid / disaggregated / collocated, E = P and E != P), the whole
+step hybrid 2 stages vs collocated 1 stage, end to end runner vs a plain loop, tracing overhead, CartPole vs SB3.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The pipeline rows and the whole-step row, on the real runner: configs/embodied_mlp.yaml's EnvWorker, RolloutWorker
-(stages/rollout.py) and ActorWorker, started by `rlinf_mini.train.launch` and timed through
-`EmbodiedRunner.generate_rollouts` (pipeline rows) and `EmbodiedRunner.run` (whole step: sync, rollout, advantages,
-training).
+(stages/rollout.py) and ActorWorker, started by `rlinf_mini.train.launch`, one training step per round through
+`EmbodiedRunner.run`; the pipeline rows read the runner's `time/generate_rollouts`, the whole-step row its `time/step`
+(sync, rollout, advantages, training).
 
 The work per call is set by the two latency knobs, both waits (the process sleeps, its core stays free):
 `env.train.step_latency_s` (a simulator) and `rollout.policy_latency_s` (a policy on a GPU or a server). A `Case`
