@@ -34,10 +34,10 @@ REPS = {"full": 5, "quick": 3, "tiny": 1}  # repetitions of every ratio, measure
 SIZES = {  # per mode: message counts, parameter counts, steps (runner: MLP and VLA steps with the tracer on, and off)
     "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [10_000_000, 100_000_000], "calls": 300,
              # pipeline: chunk steps per rollout, E = P, the stage_nums of each placement, an E = 2P set too
-             "pipeline": (24, 0.020, {"hybrid": (1, 2, 4), "disaggregated": (1, 2, 4), "collocated": (1, 2, 4)},
+             "pipeline": (24, 0.040, {"hybrid": (1, 2, 4), "disaggregated": (1, 2, 4), "collocated": (1, 2, 4)},
                           True), "runner": (60, 10)},
     "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [10_000_000, 100_000_000], "calls": 200,
-              "pipeline": (16, 0.020, {"hybrid": (1, 2, 4)}, False), "runner": (20, 5)},
+              "pipeline": (12, 0.040, {"hybrid": (1, 2, 4)}, False), "runner": (20, 5)},
     "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [1_000_000], "calls": 5,
              "pipeline": (3, 0.002, {"hybrid": (1, 2)}, False), "runner": (2, 2)},
 }
@@ -74,7 +74,9 @@ def run(mode: str, groups: list[str], out_dir: Path, load: list) -> list:
 
                 n_steps, latency, placements, extra = s["pipeline"]
                 sets = [[Case(p, n, latency, latency) for n in stage_nums] for p, stage_nums in placements.items()]
-                env_s, policy_s = latency, latency / 2  # a VLA on a GPU beside a CPU simulator (README, Performance)
+                # a VLA on a GPU beside a CPU simulator (README, Performance); waits of tens of ms keep the figures
+                # readable on a machine busy with other jobs, where each wake-up can take a few ms
+                env_s, policy_s = latency, latency / 2
                 vla = {k: Case(p, n, env_s, policy_s, per_call=True) for k, (p, n) in
                        {"c1": ("collocated", 1), "h1": ("hybrid", 1), "h2": ("hybrid", 2)}.items()}
                 if mode == "tiny":  # one cluster: the E = P pair and the whole-step pair
