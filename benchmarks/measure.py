@@ -350,10 +350,11 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
     return n_steps * chunks * train.total_num_envs / seconds
 
 
-def runner_and_tracing(steps: int, config: str, reps: int) -> list[Row]:
+def runner_and_tracing(steps: int, config: str, reps: int = 1) -> list[Row]:
     """`config` (no eval, no checkpoints) in one cluster, in `reps` rounds. A round: `steps / reps` steps with the
     tracer on, interleaved with as many with it off (interleaving cancels the drift of a shared machine); then, in
-    this process while the workers wait, the plain loops (same calls, one batch)."""
+    this process while the workers wait, the plain loops (same calls, one batch). (reps defaults to 1 for
+    benchmarks/gpu.py, which calls it with (steps, config).)"""
     from rlinf_mini.config import load_config
     from rlinf_mini.scheduler.cluster import Cluster
     from rlinf_mini.train import RunPlan, launch
