@@ -1,15 +1,17 @@
 """Every performance figure of rlinf_mini, as a ratio against the physical limit and the obvious alternative,
-measured side by side in one run. Prints one table and writes JSON (and, with --markdown, the README table).
+measured side by side in one run: each ratio is the median of repetitions in which ours, the baseline and the limit
+run in turn. Prints one table (ratio as "median [min-max]") and writes JSON with every repetition and the load average
+(and, with --markdown, the README table).
 
-    python -m benchmarks                   # everything, CartPole vs SB3 included (about 6 minutes on 2 cores)
-    python -m benchmarks --quick           # <= 2 minutes on 2 cores: smaller counts, no CartPole
+    python -m benchmarks                   # everything, CartPole vs SB3 included, 5 repetitions
+    python -m benchmarks --quick           # aims at <= 2 minutes on 2 quiet cores: 3 repetitions, fewer cases
     python -m benchmarks --markdown        # also print the table as markdown (README "Performance")
     python -m benchmarks --device cuda     # the GPU figures (benchmarks/gpu.py); exits 0 with a message without one
     python -m benchmarks --only channel,pipeline --out results/x.json
 
 Rows (see README "Performance" for what each means): channel large / small, weight sync 10M / 100M, group call round
-trip, pipeline (stage_num 1, 2, 4 x collocated / disaggregated / hybrid), end to end runner vs a plain loop, tracing
-overhead, CartPole vs stable-baselines3.
+trip, pipeline on the real runner (stage_num 2, 4 x hybrid / disaggregated / collocated, E = P and E != P), the whole
+step hybrid 2 stages vs collocated 1 stage, end to end runner vs a plain loop, tracing overhead, CartPole vs SB3.
 """
 
 from __future__ import annotations
@@ -25,44 +27,80 @@ from pathlib import Path
 
 from benchmarks.table import format_table
 
-GROUPS = ("channel", "weights", "group_call", "pipeline", "runner", "cartpole", "ray")
+GROUPS = ("channel", "weights", "group_call", "pipeline", "runner", "cartpole", "backends", "ray")
+
+REPS = {"full": 5, "quick": 3, "tiny": 1}  # repetitions of every ratio, measured in turn; the row shows their median
 
 SIZES = {  # per mode: message counts, parameter counts, steps (runner: MLP and VLA steps with the tracer on, and off)
-    "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [(10_000_000, 5), (100_000_000, 3)], "calls": 300,
-             "pipeline": (0.020, 40, (1, 2, 4), ("collocated", "disaggregated")), "runner": (60, 10)},
-    "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [(10_000_000, 3), (100_000_000, 2)], "calls": 200,
-              "pipeline": (0.020, 20, (1, 2, 4), ("collocated", "disaggregated")), "runner": (20, 5)},
-    "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [(1_000_000, 1)], "calls": 5,
-             "pipeline": (0.002, 3, (1, 2), ("disaggregated",)), "runner": (2, 2)},
+    "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [10_000_000, 100_000_000], "calls": 300,
+             # pipeline: chunk steps per rollout, E = P, the stage_nums of each placement, an E = 2P set too
+             "pipeline": (24, 0.040, {"hybrid": (1, 2, 4), "disaggregated": (1, 2, 4), "collocated": (1, 2, 4)},
+                          True), "runner": (60, 10)},
+    "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [10_000_000, 100_000_000], "calls": 200,
+              "pipeline": (12, 0.040, {"hybrid": (1, 2, 4)}, False), "runner": (20, 5)},
+    "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [1_000_000], "calls": 5,
+             "pipeline": (3, 0.002, {"hybrid": (1, 2)}, False), "runner": (2, 2)},
 }
 
 
-def run(mode: str, groups: list[str], out_dir: Path) -> list:
+def loadavg() -> list[float]:
+    """The machine's 1-, 5- and 15-minute load averages (/proc/loadavg): how busy it was while a figure ran."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:  # not Linux
+        return []
+
+
+def run(mode: str, groups: list[str], out_dir: Path, load: list) -> list:
+    """The rows of `groups`; appends {"group", "when", "loadavg"} to `load` before and after each group."""
     from benchmarks import measure as m
 
-    s = SIZES[mode]
+    s, reps = SIZES[mode], REPS[mode]
     rows = []
     hosts = m.Hosts() if {"channel", "weights", "group_call"} & set(groups) else None
     try:
         for group in groups:
             start = time.monotonic()
+            load.append({"group": group, "when": "start", "loadavg": loadavg()})
             if group == "channel":
-                rows += m.channel_large(hosts, s["large"]) + m.channel_small(hosts, s["small"], s["rtt"])
+                rows += m.channel_large(hosts, s["large"], reps) + m.channel_small(hosts, s["small"], s["rtt"], reps)
             elif group == "weights":
-                for numel, reps in s["weights"]:
+                for numel in s["weights"]:
                     rows += m.weight_sync(hosts, numel, reps)
             elif group == "group_call":
-                rows += m.group_call(hosts, s["calls"])
+                rows += m.group_call(hosts, s["calls"], reps)
             elif group == "pipeline":
-                latency, steps, stage_nums, modes = s["pipeline"]
-                rows += m.pipeline(latency, latency, steps, out_dir, stage_nums, modes)
+                from benchmarks.pipeline import Case
+
+                n_steps, latency, placements, extra = s["pipeline"]
+                sets = [[Case(p, n, latency, latency) for n in stage_nums] for p, stage_nums in placements.items()]
+                # a VLA on a GPU beside a CPU simulator (README, Performance); waits of tens of ms keep the figures
+                # readable on a machine busy with other jobs, where each wake-up can take a few ms
+                env_s, policy_s = latency, latency / 2
+                vla = {k: Case(p, n, env_s, policy_s, per_call=True) for k, (p, n) in
+                       {"c1": ("collocated", 1), "h1": ("hybrid", 1), "h2": ("hybrid", 2)}.items()}
+                if mode == "tiny":  # one cluster: the E = P pair and the whole-step pair
+                    sets = [sets[0] + [vla["c1"], vla["h2"]]]
+                else:
+                    sets.append(list(vla.values()))
+                if extra:  # E != P with both waits per env: the ideal speedup is (E + P) / max(E, P) = 1.5
+                    sets.append([Case("hybrid", n, 2 * latency, latency) for n in (1, 2)])
+                rows += m.pipeline(n_steps, reps, out_dir, sets)
             elif group == "runner":
                 # the MLP run: tiny work per message, so the runtime's per-message cost shows; the default VLA run:
                 # the work this project ships, where inference dominates and the pipeline can hide the env
                 # (MLP steps vary by ~10 % from step to step, in the actor's update: many steps make its on/off stable)
-                rows += m.runner_and_tracing(s["runner"][0], "configs/embodied_mlp.yaml")
+                rows += m.runner_and_tracing(s["runner"][0], "configs/embodied_mlp.yaml", reps)
                 if mode != "tiny":
-                    rows += m.runner_and_tracing(s["runner"][1], "configs/embodied.yaml")
+                    rows += m.runner_and_tracing(s["runner"][1], "configs/embodied.yaml", reps)
+            elif group == "backends":  # local and inline side by side, each beside the layer below
+                from benchmarks import backends as bk
+
+                n = {"full": (300, 3000, 200), "quick": (100, 1000, 60), "tiny": (5, 20, 4)}[mode]
+                rows += bk.calls_and_channels(*n, reps=reps)
+                rows += bk.runner_rollout("configs/embodied_mlp.yaml", {"full": 10, "quick": 4, "tiny": 1}[mode], reps)
+                if mode == "full":
+                    rows += bk.runner_rollout("configs/embodied.yaml", 3, reps)
             elif group == "ray":  # the Ray backend (pip install -e ".[ray]"): benchmarks/ray_backend.py
                 try:
                     from benchmarks.ray_backend import ray_rows
@@ -76,7 +114,9 @@ def run(mode: str, groups: list[str], out_dir: Path) -> list:
                           "benchmarks.cartpole_vs_sb3)", file=sys.stderr)
                     continue
                 rows += m.cartpole(quick=False)
-            print(f"[{group}: {time.monotonic() - start:.1f} s]", file=sys.stderr, flush=True)
+            load.append({"group": group, "when": "end", "loadavg": loadavg()})
+            print(f"[{group}: {time.monotonic() - start:.1f} s, load {load[-1]['loadavg']}]", file=sys.stderr,
+                  flush=True)
     finally:
         if hosts is not None:
             hosts.close()
@@ -107,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # this process copies with one thread, like every benchmark child
     start = time.monotonic()
-    rows = run(mode, groups, args.out.parent)
+    load: list[dict] = []
+    rows = run(mode, groups, args.out.parent, load)
     print(format_table(rows, markdown=False))
     if args.markdown:
         print()
@@ -115,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"mode": mode, "seconds": time.monotonic() - start,
               "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
                           "torch": torch.__version__, "platform": platform.platform()},
-              "rows": [dataclasses.asdict(r) | {"met": r.met} for r in rows]}
+              "repetitions": REPS[mode], "load": load,  # /proc/loadavg before and after each group
+              "rows": [dataclasses.asdict(r) | {"met": r.met, "spread": r.spread} for r in rows]}
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out} ({report['seconds']:.0f} s)")
     return 0

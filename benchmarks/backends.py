@@ -4,7 +4,7 @@ each beside the raw figure of the layer below it (for inline: a direct call, a q
     python -m benchmarks --only backends       # local and inline (ray: benchmarks/ray_backend.py)
 
 Every figure is the median of `reps` repetitions, the backends interleaved (local, inline, local, ...), so that a
-machine's drift hits both alike; the spread (min-max over the repetitions) is in the note.
+machine's drift hits both alike; the table shows the spread of the ratio and the JSON keeps every repetition.
 """
 
 from __future__ import annotations
@@ -40,10 +40,6 @@ class BenchWorker(Worker):
 
 def _strategy(ranks: int) -> PlacementStrategy:
     return PlacementStrategy("bench", tuple(ProcessPlacement(r, (r % 2,)) for r in range(ranks)))
-
-
-def _spread(values: list[float]) -> str:
-    return f"median of {len(values)}, spread {min(values):.3g}-{max(values):.3g}"
 
 
 def _call_rtt_us(group, ranks: int, n: int) -> float:
@@ -91,49 +87,55 @@ def _queue_rate(n: int, large: bool) -> float:
 
 
 def calls_and_channels(n_calls: int, n_small: int, n_large: int, reps: int = 3) -> list[Row]:
-    figures: dict[tuple[str, str], list[float]] = {}
+    """Each repetition: both backends, then the layer below; a row is the median of its repetitions."""
+    rounds: dict[str, list[dict]] = {}
+
+    def add(key: str, ours: float, base: float) -> None:
+        rounds.setdefault(key, []).append({"ours": ours, "baseline": base, "ratio": ours / base})
+
+    mb = torch.Size(LARGE).numel() / 1e9
     for _ in range(reps):
+        measured = {}
         for backend in BACKENDS:
             cluster = Cluster(ClusterConfig(num_devices=2, timeout_s=60, backend=backend))
             try:
                 group = BenchWorker.create_group(None).launch(cluster, _strategy(4), name="Bench")
                 group.noop().wait()  # start-up
                 for ranks in (1, 4):
-                    figures.setdefault((backend, f"call{ranks}"), []).append(_call_rtt_us(group, ranks, n_calls))
-                figures.setdefault((backend, "small"), []).append(_channel_rate(cluster, group, n_small, False))
-                figures.setdefault((backend, "large"), []).append(
-                    _channel_rate(cluster, group, n_large, True) * torch.Size(LARGE).numel() / 1e9)
+                    measured[(backend, f"call{ranks}")] = _call_rtt_us(group, ranks, n_calls)
+                measured[(backend, "small")] = _channel_rate(cluster, group, n_small, False)
+                measured[(backend, "large")] = _channel_rate(cluster, group, n_large, True) * mb
             finally:
                 cluster.shutdown()
-        figures.setdefault(("raw", "call"), []).append(_direct_call_us(n_calls))
-        figures.setdefault(("raw", "small"), []).append(_queue_rate(n_small, False))
-        figures.setdefault(("raw", "large"), []).append(_queue_rate(n_large, True) * torch.Size(LARGE).numel() / 1e9)
-    med = {k: statistics.median(v) for k, v in figures.items()}
+        direct, small, large = _direct_call_us(n_calls), _queue_rate(n_small, False), _queue_rate(n_large, True) * mb
+        for backend in BACKENDS:
+            for ranks in (1, 4):
+                add(f"{backend} call{ranks}", measured[(backend, f"call{ranks}")], direct)
+            add(f"{backend} small", measured[(backend, "small")], small)
+            add(f"{backend} large", measured[(backend, "large")], large)
     rows = []
     for backend in BACKENDS:
         for ranks in (1, 4):
-            ours = med[(backend, f"call{ranks}")]
-            rows.append(Row(f"{backend}: group call round trip, {ranks} rank{'s' * (ranks > 1)}", "us", ours,
-                            med[("raw", "call")], "a direct method call", ratio=ours / med[("raw", "call")],
-                            ratio_of="ours/direct", note=_spread(figures[(backend, f"call{ranks}")])))
-        small, large = med[(backend, "small")], med[(backend, "large")]
-        rows.append(Row(f"{backend}: channel small (dict of 4 scalars), rank -> driver", "msg/s", small,
-                        med[("raw", "small")], "queue.Queue, one process", ratio=small / med[("raw", "small")],
-                        ratio_of="ours/queue", note=_spread(figures[(backend, "small")])))
-        rows.append(Row(f"{backend}: channel large (64x3x64x64 uint8), rank -> driver", "GB/s", large,
-                        med[("raw", "large")], "queue.Queue + clone, one process",
-                        ratio=med[(backend, "large")] / med[("raw", "large")], ratio_of="ours/queue",
-                        note=_spread(figures[(backend, "large")])))
+            rows.append(Row.from_reps(f"{backend}: group call round trip, {ranks} rank{'s' * (ranks > 1)}", "us",
+                                      rounds[f"{backend} call{ranks}"], baseline_name="a direct method call",
+                                      ratio_of="ours/direct"))
+        rows.append(Row.from_reps(f"{backend}: channel small (dict of 4 scalars), rank -> driver", "msg/s",
+                                  rounds[f"{backend} small"], baseline_name="queue.Queue, one process",
+                                  ratio_of="ours/queue"))
+        rows.append(Row.from_reps(f"{backend}: channel large (64x3x64x64 uint8), rank -> driver", "GB/s",
+                                  rounds[f"{backend} large"], baseline_name="queue.Queue + clone, one process",
+                                  ratio_of="ours/queue"))
     return rows
 
 
 def runner_rollout(config: str, steps: int, reps: int = 3) -> list[Row]:
     """The runner's rollout phase (env steps / time/generate_rollouts, median over `steps` steps after a warm-up)
-    on each backend, `reps` runs each, interleaved."""
+    on each backend, `reps` runs each, interleaved; the ratio is against the local backend of the same round."""
     from rlinf_mini.train import RunPlan, launch
 
-    rates: dict[str, list[float]] = {b: [] for b in BACKENDS}
+    rounds: dict[str, list[dict]] = {b: [] for b in BACKENDS}
     for _ in range(reps):
+        rate = {}
         for backend in BACKENDS:
             with tempfile.TemporaryDirectory(prefix="bench_backend_") as log_path:
                 cfg = load_config(["--config", config, "--runner.logger.log_path", log_path, "--runner.no-progress-bar",
@@ -151,9 +153,10 @@ def runner_rollout(config: str, steps: int, reps: int = 3) -> list[Row]:
                     cluster.shutdown()
             train = cfg.env.train
             env_steps = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
-            rates[backend].append(env_steps / statistics.median(h["time/generate_rollouts"] for h in history))
+            rate[backend] = env_steps / statistics.median(h["time/generate_rollouts"] for h in history)
+        for backend in BACKENDS:
+            rounds[backend].append({"ours": rate[backend], "baseline": rate["local"],
+                                    "ratio": rate[backend] / rate["local"]})
     label = config.rsplit("/", 1)[-1].removesuffix(".yaml")
-    local = statistics.median(rates["local"])
-    return [Row(f"{b}: runner rollout env steps/s ({label})", "steps/s", statistics.median(rates[b]), local,
-                "local backend", ratio=statistics.median(rates[b]) / local, ratio_of=f"{b}/local",
-                note=_spread(rates[b])) for b in BACKENDS]
+    return [Row.from_reps(f"{b}: runner rollout env steps/s ({label})", "steps/s", rounds[b],
+                          baseline_name="local backend", ratio_of=f"{b}/local") for b in BACKENDS]

@@ -1,4 +1,5 @@
-"""Process bodies and workers of the benchmarks (a module, so that spawned processes can import them by name).
+"""Process bodies and workers of the benchmarks (a module, so that spawned processes can import them by name). The
+pipeline rows run the real runner (benchmarks/pipeline.py); nothing here copies its protocol.
 
 The functions in the first sections run in one of two long-lived host processes (`host_main`), each pinned to one
 core with one torch thread, so that a figure measures the transport, not how many threads a copy could use, and so
@@ -12,7 +13,6 @@ import time
 
 import torch
 
-from rlinf_mini.scheduler import tracer
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.worker import Worker
 
@@ -174,68 +174,12 @@ def gloo_broadcast(rank: int, port: int, numel: int, reps: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Workers (group calls, the pipeline)
+# Workers (group calls) and the GPU channel rows (benchmarks/gpu.py)
 
 
 class NoopWorker(Worker):
     def noop(self) -> None:
         return None
-
-
-def _work(seconds: float, sleep: bool) -> None:
-    """`seconds` of work: CPU time (the benchmark), or a sleep: work done elsewhere, on a GPU or a remote simulator,
-    while this process waits (tutorial 03, whose timing must hold on a CPU shared with other jobs)."""
-    if sleep:
-        time.sleep(seconds)
-    else:
-        _spin(seconds)
-
-
-def _spin(seconds: float) -> None:
-    """`seconds` of this thread's CPU time (a simulator or a forward pass occupies its core; a sleep, or a spin until
-    a wall-clock deadline, would let two processes on one core both finish in the time of one)."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
-class SimEnvWorker(Worker):
-    """An env whose full step (all its envs) costs E seconds of CPU (or of sleep); stage k of S costs E / S. Speaks
-    the same protocol as stages/rollout.py's EnvWorker: prime every stage, then per step and stage get actions, step,
-    put obs."""
-
-    def run(self, rollout_channel: Channel, env_channel: Channel, n_steps: int, stages: int, env_s: float,
-            obs_shape: tuple[int, ...], sleep: bool = False) -> float:
-        obs = torch.zeros(obs_shape)
-        start = time.perf_counter()
-        for k in range(stages):
-            rollout_channel.put({"obs": obs}, key=k)
-        for _ in range(n_steps):
-            for k in range(stages):
-                with tracer.span("wait_actions", stage=k):
-                    env_channel.get(key=k)
-                with tracer.span("env_step", stage=k):
-                    _work(env_s / stages, sleep)
-                rollout_channel.put({"obs": obs}, key=k)
-        for k in range(stages):
-            env_channel.get(key=k)  # the last actions (the rollout answered the final observations)
-        return time.perf_counter() - start
-
-
-class SimRolloutWorker(Worker):
-    """A policy whose inference on all envs costs P seconds of CPU (or of sleep); on one stage's envs, P / S."""
-
-    def run(self, rollout_channel: Channel, env_channel: Channel, n_steps: int, stages: int, infer_s: float,
-            action_shape: tuple[int, ...], sleep: bool = False) -> None:
-        actions = torch.zeros(action_shape)
-        for _ in range(n_steps + 1):
-            for k in range(stages):
-                with tracer.span("wait_obs", stage=k):
-                    rollout_channel.get(key=k)
-                with tracer.span("inference", stage=k):
-                    _work(infer_s / stages, sleep)
-                env_channel.put({"actions": actions}, key=k)
-
 
 
 def channel_producer_cuda(ch: Channel, n: int) -> None:

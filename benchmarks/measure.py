@@ -16,7 +16,7 @@ import socket
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,20 @@ class Row:
     ratio_of: str = ""  # what the ratio divides: "ours/limit", "ours/baseline", "speedup/ideal", ...
     target: str = ""  # e.g. ">= 0.35"
     note: str = ""
+    reps: list[dict] = field(default_factory=list)  # every repetition's {"ours", "baseline", "limit", "ratio"}
+
+    @classmethod
+    def from_reps(cls, name: str, unit: str, reps: list[dict], **kw) -> Row:
+        """A row whose figures are the medians over `reps` (repetitions measured in turn: ours, baseline, limit)."""
+        med = {k: statistics.median(r[k] for r in reps) if reps and reps[0].get(k) is not None else None
+               for k in ("ours", "baseline", "limit", "ratio")}
+        return cls(name, unit, med["ours"], med["baseline"], limit=med["limit"], ratio=med["ratio"], reps=reps, **kw)
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        """(min, max) of the ratio over the repetitions."""
+        ratios = [r["ratio"] for r in self.reps if r.get("ratio") is not None]
+        return (min(ratios), max(ratios)) if len(ratios) > 1 else None
 
     @property
     def met(self) -> bool | None:
@@ -143,36 +157,45 @@ def memcpy_gbps(nbytes: int, reps: int) -> float:
 # Channel
 
 
-def channel_large(h: Hosts, n: int) -> list[Row]:
+def channel_large(h: Hosts, n: int, reps: int) -> list[Row]:
     nbytes = 64 * 3 * 64 * 64
-    ch = h.channel(maxsize=4)
-    _, seconds = h.both(("channel_producer", ch, n, "large"), ("channel_consumer", ch, n))
-    ours = nbytes * (n - 1) / seconds / 1e9
-    h.shared["done"].clear()
-    _, seconds = h.both(("queue_producer", "@tq", n, "large", True, "@done"), ("queue_consumer", "@tq", n, "@done"))
-    queue = nbytes * (n - 1) / seconds / 1e9
-    limit = memcpy_gbps(nbytes, 200)
-    return [Row("channel, large (64x3x64x64 uint8, 786 KB)", "GB/s", ours, queue, "torch.mp.Queue", limit,
-                "memcpy", ours / limit, "ours/limit", ">= 0.35",
-                note=f"ours/torch.mp.Queue = {ours / queue:.2f}")]
+    rounds = []
+    for _ in range(reps):  # ours, the baseline and the limit in turn: a busy spell hits one round, not one column
+        ch = h.channel(maxsize=4)
+        _, seconds = h.both(("channel_producer", ch, n, "large"), ("channel_consumer", ch, n))
+        ours = nbytes * (n - 1) / seconds / 1e9
+        h.shared["done"].clear()
+        _, seconds = h.both(("queue_producer", "@tq", n, "large", True, "@done"),
+                            ("queue_consumer", "@tq", n, "@done"))
+        queue = nbytes * (n - 1) / seconds / 1e9
+        limit = memcpy_gbps(nbytes, 200)
+        rounds.append({"ours": ours, "baseline": queue, "limit": limit, "ratio": ours / limit})
+    row = Row.from_reps("channel, large (64x3x64x64 uint8, 786 KB)", "GB/s", rounds, baseline_name="torch.mp.Queue",
+                        limit_name="memcpy", ratio_of="ours/limit", target=">= 0.35")
+    row.note = f"ours/torch.mp.Queue = {row.ours / row.baseline:.2f}"
+    return [row]
 
 
-def channel_small(h: Hosts, n: int, n_rtt: int) -> list[Row]:
-    ch = h.channel(maxsize=64)
-    _, seconds = h.both(("channel_producer", ch, n, "small"), ("channel_consumer", ch, n))
-    ours = (n - 1) / seconds
-    ch = h.channel(maxsize=4)
-    _, ours_rtt = h.both(("channel_echo", ch, n_rtt), ("channel_pinger", ch, n_rtt))
-    h.shared["done"].clear()
-    _, seconds = h.both(("queue_producer", "@q", n, "small", False, "@done"), ("queue_consumer", "@q", n, "@done"))
-    queue = (n - 1) / seconds
-    _, queue_rtt = h.both(("queue_echo", "@q_out", "@q_in", n_rtt), ("queue_pinger", "@q_in", "@q_out", n_rtt))
-    ours_rtt, queue_rtt = ours_rtt * 1e6, queue_rtt * 1e6
+def channel_small(h: Hosts, n: int, n_rtt: int, reps: int) -> list[Row]:
+    stream, rtt = [], []
+    for _ in range(reps):
+        ch = h.channel(maxsize=64)
+        _, seconds = h.both(("channel_producer", ch, n, "small"), ("channel_consumer", ch, n))
+        ours = (n - 1) / seconds
+        h.shared["done"].clear()
+        _, seconds = h.both(("queue_producer", "@q", n, "small", False, "@done"),
+                            ("queue_consumer", "@q", n, "@done"))
+        queue = (n - 1) / seconds
+        stream.append({"ours": ours, "baseline": queue, "ratio": ours / queue})
+        ch = h.channel(maxsize=4)
+        _, ours_rtt = h.both(("channel_echo", ch, n_rtt), ("channel_pinger", ch, n_rtt))
+        _, queue_rtt = h.both(("queue_echo", "@q_out", "@q_in", n_rtt), ("queue_pinger", "@q_in", "@q_out", n_rtt))
+        rtt.append({"ours": ours_rtt * 1e6, "baseline": queue_rtt * 1e6, "ratio": ours_rtt / queue_rtt})
     return [
-        Row("channel, small (dict of 4 scalars)", "msg/s", ours, queue, "pickled mp.Queue", ratio=ours / queue,
-            ratio_of="ours/baseline", target=">= 1.0"),
-        Row("channel, small: round trip", "us", ours_rtt, queue_rtt, "pickled mp.Queue", ratio=ours_rtt / queue_rtt,
-            ratio_of="ours/baseline", note="put + get each way"),
+        Row.from_reps("channel, small (dict of 4 scalars)", "msg/s", stream, baseline_name="pickled mp.Queue",
+                      ratio_of="ours/baseline", target=">= 1.0"),
+        Row.from_reps("channel, small: round trip", "us", rtt, baseline_name="pickled mp.Queue",
+                      ratio_of="ours/baseline", note="put + get each way"),
     ]
 
 
@@ -181,33 +204,38 @@ def channel_small(h: Hosts, n: int, n_rtt: int) -> list[Row]:
 
 
 def weight_sync(h: Hosts, numel: int, reps: int) -> list[Row]:
+    """Per round: a rollout host receives a warm-up version and a timed one; then a gloo broadcast (warm-up, timed)
+    between the two hosts; then memcpy of the same bytes."""
     from stages.sync import WeightSender
 
     nbytes = numel * 4
-    h.submit(1, "weight_receiver", numel, reps + 1, "@handle_q", "@ack_q")
-    handle = h.shared["handle_q"].get(timeout=120)
     model = bw.FlatModel(numel)
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(1.0)
-    sender, times = WeightSender(), []
-    for v in range(reps + 1):  # version 0 is the warm-up: attaching and first-touch page faults
-        start = time.perf_counter()
-        sender.send(model, [handle], v)
-        h.shared["ack_q"].get(timeout=120)  # the rollout saw the stamp: it holds version v
-        times.append(time.perf_counter() - start)
-    sender.close()
-    h.result(1)
+    rounds = []
+    for _ in range(reps):
+        h.submit(1, "weight_receiver", numel, 2, "@handle_q", "@ack_q")
+        handle = h.shared["handle_q"].get(timeout=120)
+        sender, times = WeightSender(), []
+        for v in range(2):  # version 0 is the warm-up: attaching and first-touch page faults
+            start = time.perf_counter()
+            sender.send(model, [handle], v)
+            h.shared["ack_q"].get(timeout=120)  # the rollout saw the stamp: it holds version v
+            times.append(time.perf_counter() - start)
+        sender.close()
+        h.result(1)
+        ours = nbytes / times[1] / 1e9
+        port = _free_port()
+        seconds, _ = h.both(("gloo_broadcast", 0, port, numel, 1), ("gloo_broadcast", 1, port, numel, 1))
+        gloo = nbytes / seconds / 1e9
+        limit = memcpy_gbps(nbytes, 2 if numel > 20_000_000 else 5)
+        rounds.append({"ours": ours, "baseline": gloo, "limit": limit, "ratio": ours / limit})
     del model
-    ours = nbytes / min(times[1:]) / 1e9
-    port = _free_port()
-    seconds, _ = h.both(("gloo_broadcast", 0, port, numel, reps), ("gloo_broadcast", 1, port, numel, reps))
-    gloo = nbytes / seconds / 1e9
-    limit = memcpy_gbps(nbytes, 2 if numel > 20_000_000 else 5)
-    label = f"{numel / 1e6:g}M"
-    return [Row(f"weight sync, {label} float32 ({nbytes / 1e6:.0f} MB)", "GB/s", ours, gloo, "gloo broadcast",
-                limit, "memcpy", ours / limit, "ours/limit", ">= 0.5",
-                note=f"ours/gloo = {ours / gloo:.1f}; actor -> rollout buffer, until the rollout sees the stamp")]
+    row = Row.from_reps(f"weight sync, {numel / 1e6:g}M float32 ({nbytes / 1e6:.0f} MB)", "GB/s", rounds,
+                        baseline_name="gloo broadcast", limit_name="memcpy", ratio_of="ours/limit", target=">= 0.5")
+    row.note = f"ours/gloo = {row.ours / row.baseline:.1f}; actor -> rollout buffer, until the rollout sees the stamp"
+    return [row]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -227,79 +255,59 @@ def _strategy(name: str, devices: list[tuple[int, ...]]):
     return PlacementStrategy(name, tuple(ProcessPlacement(r, d) for r, d in enumerate(devices)))
 
 
-def group_call(h: Hosts, n: int) -> list[Row]:
-    _, queue_rtt = h.both(("queue_echo", "@q_out", "@q_in", n), ("queue_pinger", "@q_in", "@q_out", n))
-    queue_rtt *= 1e6
-    rows = []
+def group_call(h: Hosts, n: int, reps: int) -> list[Row]:
+    rounds = {1: [], 4: []}
     cluster = _cluster()
     try:
         group = bw.NoopWorker.create_group(None).launch(cluster, _strategy("noop", [(r % 2,) for r in range(4)]))
         group.noop().wait()  # start-up
-        for ranks in (1, 4):
-            call = group.execute_on(0).noop if ranks == 1 else group.noop
-            times = []
-            for _ in range(n):
-                start = time.perf_counter()
-                call().wait()
-                times.append(time.perf_counter() - start)
-            rtt = statistics.median(times) * 1e6
-            rows.append(Row(f"group call round trip, no-op on {ranks} rank{'s' * (ranks > 1)}", "us", rtt, queue_rtt,
-                            "pickled mp.Queue RTT", ratio=rtt, ratio_of="us (absolute)", target="<= 500",
-                            note=f"ours/queue = {rtt / queue_rtt:.1f}; median of {n}"))
+        for _ in range(reps):
+            _, queue_rtt = h.both(("queue_echo", "@q_out", "@q_in", n), ("queue_pinger", "@q_in", "@q_out", n))
+            for ranks in (1, 4):
+                call = group.execute_on(0).noop if ranks == 1 else group.noop
+                times = []
+                for _ in range(n):
+                    start = time.perf_counter()
+                    call().wait()
+                    times.append(time.perf_counter() - start)
+                rtt = statistics.median(times) * 1e6
+                rounds[ranks].append({"ours": rtt, "baseline": queue_rtt * 1e6, "ratio": rtt})
     finally:
         cluster.shutdown()
+    rows = []
+    for ranks, reps_of in rounds.items():
+        row = Row.from_reps(f"group call round trip, no-op on {ranks} rank{'s' * (ranks > 1)}", "us", reps_of,
+                            baseline_name="pickled mp.Queue RTT", ratio_of="us (absolute)", target="<= 500")
+        row.note = f"ours/queue = {row.ours / row.baseline:.1f}; median of {n} calls per round"
+        rows.append(row)
     return rows
 
 
-def pipeline(env_s: float, infer_s: float, n_steps: int, out_dir: Path, stage_nums=(1, 2, 4),
-             modes=("collocated", "disaggregated"), reps: int = 2) -> list[Row]:
-    """Env with a fixed CPU cost E per step and a policy with inference cost P, through the real runtime
-    (Cluster, WorkerGroup, Channel), in one cluster of 2 devices: the env on device 0; a rollout on device 0
-    (collocated: they share a core) and one on device 1 (disaggregated); an idle actor over devices 0-1, as in the
-    hybrid placement of configs/embodied_mlp.yaml (during the rollout, hybrid = disaggregated)."""
+def pipeline(n_steps: int, reps: int, out_dir: Path, sets: list[list]) -> list[Row]:
+    """The pipeline rows and the whole-step row (benchmarks/pipeline.py): each set of cases runs in its own cluster,
+    in turn per round. The hybrid stage_num 2 case with equal latencies is the target row; its timeline is drawn.
+    A set holding collocated stage_num 1 and hybrid stage_num 2 with a per-call policy gives the whole-step row."""
+    from benchmarks import pipeline as pl
+
     rows = []
-    ideal = (env_s + infer_s) / max(env_s, infer_s)
-    cluster = _cluster()
-    try:
-        env = bw.SimEnvWorker.create_group(None).launch(cluster, _strategy("env", [(0,)]), name="SimEnv")
-        rollouts = {mode: bw.SimRolloutWorker.create_group(None).launch(
-            cluster, _strategy("rollout", [(0,) if mode == "collocated" else (1,)]), name=f"SimRollout_{mode}")
-            for mode in modes}
-        bw.NoopWorker.create_group(None).launch(cluster, _strategy("actor", [(0, 1)]), name="Actor")
-        for g in (env, *rollouts.values()):
-            g.trace_enable().wait()
-        for mode, rollout in rollouts.items():
-            seconds = {}
-            for rep, stages in [(rep, stages) for rep in range(reps) for stages in stage_nums]:  # interleaved
-                rc = Channel.create(f"Rollout{mode}{stages}.{rep}", cluster, maxsize=stages + 1)
-                ec = Channel.create(f"Env{mode}{stages}.{rep}", cluster, maxsize=stages + 1)
-                env.trace_drain().wait()
-                rollout.trace_drain().wait()
-                r = rollout.run(rc, ec, n_steps, stages, infer_s, (32, 2))
-                took = env.run(rc, ec, n_steps, stages, env_s, (32, 10)).wait()[0]
-                seconds[stages] = min(took, seconds.get(stages, took))  # best of `reps`: a busy machine only adds
-                r.wait()
-                spans = [s for g in (env, rollout) for per_rank in g.trace_drain().wait() for s in per_rank]
-                if stages == 2 and mode == "disaggregated" and took == seconds[stages]:
-                    t_end = max(s[5] for s in spans)
-                    t0 = t_end - int(4 * (env_s + infer_s) * 1e9)  # the last few steps, clipped to that window
-                    window = [(*s[:4], max(s[4], t0), s[5]) for s in spans if s[5] >= t0]
-                    png = tracer.write_timeline_png(window, out_dir / "pipeline_stage2_timeline.png",
-                                                    title=f"pipeline_stage_num=2, E=P={env_s * 1e3:g} ms, "
-                                                          f"env and rollout on separate cores")
-            for stages in stage_nums:
-                speedup = seconds[1] / seconds[stages] if 1 in seconds else float("nan")
-                target = ">= 0.9" if stages == 2 and mode != "collocated" else ""
-                note = "one core for both: no overlap possible (limit 1.0)" if mode == "collocated" else ""
-                if stages == 2 and mode == "disaggregated":
-                    note = f"timeline: {png.name}"
-                name = "disaggregated / hybrid" if mode == "disaggregated" else mode
-                rows.append(Row(f"pipeline {name}, stage_num {stages}", "steps/s", n_steps / seconds[stages],
-                                n_steps / seconds[1] if 1 in seconds else None, "stage_num 1",
-                                ideal * n_steps / seconds[1] if 1 in seconds else None, "ideal",
-                                ratio=speedup / ideal, ratio_of="speedup/ideal", target=target, note=note))
-    finally:
-        cluster.shutdown()
+    for cases in sets:
+        target = next((c for c in cases if c.placement == "hybrid" and c.stage_num == 2 and c.env_s == c.policy_s
+                       and not c.per_call), None)
+        times, spans = pl.measure(cases, n_steps, reps, trace=target)
+        png = None
+        steps = sorted((s for s in spans if s[2] == "env_step"), key=lambda s: s[4])
+        if target is not None and steps:
+            mid = len(steps) // 2  # a few chunk steps from the middle of the rollout: the pipeline at its steady state
+            t0, t1 = steps[max(0, mid - 4)][4], steps[min(len(steps) - 1, mid + 3)][5]
+            window = [(*s[:4], max(s[4], t0), min(s[5], t1)) for s in spans if s[5] >= t0 and s[4] <= t1]
+            png = tracer.write_timeline_png(window, out_dir / "pipeline_stage2_timeline.png",
+                                            title=f"real runner, hybrid, pipeline_stage_num=2, E=P="
+                                                  f"{target.env_s * 1e3:g} ms (chunk steps from mid-rollout)")
+        rows += pl.pipeline_rows(cases, times, n_steps, Row, target, png)
+        fast = next((c for c in cases if c.placement == "hybrid" and c.stage_num == 2 and c.per_call), None)
+        slow = next((c for c in cases if c.placement == "collocated" and c.stage_num == 1 and c.per_call), None)
+        if fast is not None and slow is not None:
+            rows.append(pl.whole_step_row(fast, slow, times, Row, pl.NUM_ENVS * n_steps))
     return rows
 
 
@@ -345,53 +353,59 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
     return n_steps * chunks * train.total_num_envs / seconds
 
 
-def runner_and_tracing(steps: int, config: str = "configs/embodied_mlp.yaml") -> list[Row]:
-    """`config` (no eval, no checkpoints) in one cluster: `steps` steps with the tracer on,
-    interleaved with `steps` steps with it off (interleaving cancels the drift of a shared machine)."""
+def runner_and_tracing(steps: int, config: str, reps: int = 1) -> list[Row]:
+    """`config` (no eval, no checkpoints) in one cluster, in `reps` rounds. A round: `steps / reps` steps with the
+    tracer on, interleaved with as many with it off (interleaving cancels the drift of a shared machine); then, in
+    this process while the workers wait, the plain loops (same calls, one batch). (reps defaults to 1 for
+    benchmarks/gpu.py, which calls it with (steps, config).)"""
     from rlinf_mini.config import load_config
     from rlinf_mini.scheduler.cluster import Cluster
     from rlinf_mini.train import RunPlan, launch
 
-    on, off, gen, gen_on, span_counts = [], [], [], [], []
+    per_round = max(1, steps // reps)
+    rounds, span_counts = [], []
     with tempfile.TemporaryDirectory(prefix="bench_runner_") as log_path:
         cfg = load_config(["--config", config, "--runner.logger.log_path", log_path,
                            "--runner.no-progress-bar", "--runner.log_interval", "1000",
                            "--runner.val_check_interval", "-1", "--runner.save_interval", "-1"])
         plan = RunPlan(cfg, config)
         plan.run_dir.mkdir(parents=True)
+        train = cfg.env.train
+        batches = plan.world_sizes["env"] * cfg.rollout.pipeline_stage_num
+        loop_steps = train.max_steps_per_rollout_epoch * 4
         cluster = Cluster(cfg.cluster)
         try:
             runner = launch(cfg, plan, cluster)
             runner.write_trace = lambda: None  # the files are not what is measured here
             runner.init_workers()
-            for i in range(2 * steps + 1):
-                trace = i % 2 == 1
-                cfg.runner.trace = trace
-                tracer.enable(trace)
-                for g in (runner.env, runner.rollout, runner.actor):
-                    g.trace_enable(trace).wait()
-                runner.max_steps = runner.global_step + 1
-                kept = len(runner.trace_spans)
-                last = runner.run()[-1]
-                if trace and len(runner.trace_spans) > kept:  # (the runner keeps the first 20 steps' spans)
-                    span_counts.append(len(runner.trace_spans) - kept)
-                if i == 0:
-                    continue  # warm-up
-                (on if trace else off).append(last["time/step"])
-                (gen_on if trace else gen).append(last["time/generate_rollouts"])
+            for rnd in range(reps + 1):  # round 0: one warm-up step
+                on, off, gen, gen_on = [], [], [], []
+                for i in range(1 if rnd == 0 else 2 * per_round):
+                    trace = i % 2 == 1
+                    cfg.runner.trace = trace
+                    tracer.enable(trace)
+                    for g in (runner.env, runner.rollout, runner.actor):
+                        g.trace_enable(trace).wait()
+                    runner.max_steps = runner.global_step + 1
+                    kept = len(runner.trace_spans)
+                    last = runner.run()[-1]
+                    if trace and len(runner.trace_spans) > kept:  # (the runner keeps the first 20 steps' spans)
+                        span_counts.append(len(runner.trace_spans) - kept)
+                    (on if trace else off).append(last["time/step"])
+                    (gen_on if trace else gen).append(last["time/generate_rollouts"])
+                if rnd == 0:
+                    continue
+                same_calls = plain_loop_steps_per_s(config, loop_steps, batches)
+                one_batch = plain_loop_steps_per_s(config, loop_steps, 1) if batches > 1 else same_calls
+                rounds.append({"gen": statistics.median(gen), "gen_on": statistics.median(gen_on),
+                               "on": statistics.median(on), "off": statistics.median(off),
+                               "same_calls": same_calls, "one_batch": one_batch})
             spans_per_step = statistics.median(span_counts)
         finally:
             tracer.enable(False)
             tracer.drain()
             cluster.shutdown()
-    train = cfg.env.train
     env_steps_per_step = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
-    step_s_on, step_s_off = statistics.median(on), statistics.median(off)
-    runner_rate = env_steps_per_step / statistics.median(gen)
-    batches = plan.world_sizes["env"] * cfg.rollout.pipeline_stage_num
-    loop_steps = train.max_steps_per_rollout_epoch * 4
-    same_calls = plain_loop_steps_per_s(config, loop_steps, batches)
-    one_batch = plain_loop_steps_per_s(config, loop_steps, 1) if batches > 1 else same_calls
     tracer.enable()  # the estimate: spans per step x the cost of one span
     start = time.perf_counter()
     for _ in range(20000):
@@ -402,21 +416,28 @@ def runner_and_tracing(steps: int, config: str = "configs/embodied_mlp.yaml") ->
     tracer.enable(False)
     label = Path(config).stem
     split = f"{batches} x {train.total_num_envs // batches} envs"
-    return [
-        Row(f"end to end ({label}): runner rollout env steps/s", "steps/s", runner_rate, same_calls,
-            f"plain 1-process loop, same calls ({split})", ratio=runner_rate / same_calls, ratio_of="ours/baseline",
-            target=">= 0.8", note=f"whole step incl. training: {env_steps_per_step / step_s_off:.0f} env steps/s"),
-        Row(f"end to end ({label}): vs a loop over one batch", "steps/s", runner_rate, one_batch,
-            f"plain 1-process loop, 1 x {train.total_num_envs} envs", ratio=runner_rate / one_batch,
-            ratio_of="ours/baseline",
-            note=f"the {split} split alone: {same_calls / one_batch:.2f}x the one-batch loop's speed"),
-        Row(f"tracing overhead ({label}): step time, trace on / off", "ms", step_s_on * 1e3, step_s_off * 1e3,
-            "trace off",
-            ratio=step_s_on / step_s_off, ratio_of="on/off", target="<= 1.03",
-            note=f"medians of {len(on)} steps each; the rollout phase alone (most spans, least noise): "
-                 f"{statistics.median(gen_on) / statistics.median(gen):.3f}; estimate: {spans_per_step:.0f} "
-                 f"spans/step x {span_s * 1e6:.2f} us = {spans_per_step * span_s / step_s_off:.2%} of a step"),
-    ]
+    rate = [env_steps_per_step / r["gen"] for r in rounds]
+    same = Row.from_reps(f"end to end ({label}): runner rollout env steps/s", "steps/s",
+                         [{"ours": x, "baseline": r["same_calls"], "ratio": x / r["same_calls"]}
+                          for x, r in zip(rate, rounds, strict=True)],
+                         baseline_name=f"plain 1-process loop, same calls ({split})", ratio_of="ours/baseline",
+                         target=">= 0.8")
+    step_s_off = statistics.median(r["off"] for r in rounds)
+    same.note = f"whole step incl. training: {env_steps_per_step / step_s_off:.0f} env steps/s"
+    one = Row.from_reps(f"end to end ({label}): vs a loop over one batch", "steps/s",
+                        [{"ours": x, "baseline": r["one_batch"], "ratio": x / r["one_batch"]}
+                         for x, r in zip(rate, rounds, strict=True)],
+                        baseline_name=f"plain 1-process loop, 1 x {train.total_num_envs} envs",
+                        ratio_of="ours/baseline")
+    one.note = f"the {split} split alone: {same.baseline / one.baseline:.2f}x the one-batch loop's speed"
+    tracing = Row.from_reps(f"tracing overhead ({label}): step time, trace on / off", "ms",
+                            [{"ours": r["on"] * 1e3, "baseline": r["off"] * 1e3, "ratio": r["on"] / r["off"]}
+                             for r in rounds], baseline_name="trace off", ratio_of="on/off", target="<= 1.03")
+    gen_ratio = statistics.median(r["gen_on"] / r["gen"] for r in rounds)
+    tracing.note = (f"medians of {per_round} steps each per round; the rollout phase alone (most spans, least "
+                    f"noise): {gen_ratio:.3f}; estimate: {spans_per_step:.0f} spans/step x {span_s * 1e6:.2f} us = "
+                    f"{spans_per_step * span_s / step_s_off:.2%} of a step")
+    return [same, one, tracing]
 
 
 def cartpole(quick: bool) -> list[Row]:

@@ -1,4 +1,5 @@
-"""The benchmark table, as plain text or markdown: one row per `measure.Row`. Its own module so that `__main__` and
+"""The benchmark table, as plain text or markdown: one row per `measure.Row`; a ratio reads "median [min-max]" over
+the repetitions. Its own module so that `__main__` and
 `gpu` both import it (gpu.py importing __main__ made an import circle)."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ def format_table(rows: list, markdown: bool) -> str:
         base = f"{_num(r.baseline)} ({r.baseline_name})" if r.baseline is not None else "-"
         limit = f"{_num(r.limit)} ({r.limit_name})" if r.limit is not None else "-"
         ratio = f"{_num(r.ratio)} {r.ratio_of}" if r.ratio is not None else "-"
+        if r.spread is not None:  # the median of the repetitions, then their range
+            ratio = f"{_num(r.ratio)} [{_num(r.spread[0])}-{_num(r.spread[1])}] {r.ratio_of}"
         lines.append([r.name, r.unit, _num(r.ours), base, limit, ratio, r.target, met, r.note])
     if markdown:
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -317,6 +317,9 @@ class RolloutConfig:
     """Worker group name."""
     pipeline_stage_num: int = 1
     """Split each env rank's envs into this many stages: the env steps stage k while the rollout infers stage k+1."""
+    policy_latency_s: float = 0.0
+    """rlinf_mini: sleep this long per inference call (one stage's batch), to emulate a policy on a GPU or a remote
+    server that the rollout process waits for (a sleep, not a spin: the process's core stays free meanwhile)."""
     model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
     """The rollout's copy of the policy."""
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
@@ -817,6 +820,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
                          f"env.{split}.init_params.cell_pixels": e.init_params.cell_pixels}
             if e.init_params.grid_size < 2:  # three objects on distinct cells
                 fail(f"env.{split}.init_params.grid_size", f"must be >= 2, got {e.init_params.grid_size}")
+    if cfg.rollout.policy_latency_s < 0:
+        fail("rollout.policy_latency_s", f"must be >= 0, got {cfg.rollout.policy_latency_s}")
     positive |= {"actor.optim.lr": cfg.actor.optim.lr, "actor.optim.value_lr": cfg.actor.optim.value_lr,
                  "actor.optim.adam_eps": cfg.actor.optim.adam_eps}
     for key, value in positive.items():

@@ -64,6 +64,17 @@ def actor_pieces(env_world_size: int, actor_world_size: int) -> tuple[int, int]:
     return lcm // env_world_size, lcm // actor_world_size
 
 
+def _stack_trajectory(tr: dict[str, list]) -> dict[str, torch.Tensor]:
+    """One stage's per-step records -> [T(+1), B, ...] tensors; rewards and dones reduced over the chunk here."""
+    out = {name: tree_stack(tr[name]) for name in ("obs", "actions", "logprobs", "values")}
+    out["rewards"] = torch.stack(tr["rewards"]).sum(dim=2)  # [T, B, C] -> [T, B]: one reward per chunk step
+    terminations, truncations = (torch.stack(x) for x in zip(*tr["dones"], strict=True))
+    out["dones"] = (terminations | truncations).any(dim=2)  # [T, B]
+    versions = torch.tensor(tr["versions"], dtype=torch.int64)  # [T]
+    out["versions"] = versions.view(-1, *[1] * (out["logprobs"].dim() - 1)).expand_as(out["logprobs"]).clone()
+    return {name: out[name] for name in TRAJECTORY_KEYS}
+
+
 class EnvWorker(Worker):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
@@ -116,9 +127,10 @@ class EnvWorker(Worker):
                     tr["actions"].append(out["actions"])
                     tr["logprobs"].append(out["logprobs"])
                     tr["values"].append(out["values"])
-                    tr["rewards"].append(rewards.sum(dim=1))  # [B, C] -> [B]: one reward per chunk step
-                    tr["dones"].append((terminations | truncations).any(dim=1))  # [B]
-                    tr["versions"].append(torch.full_like(out["logprobs"], out["version"], dtype=torch.int64))
+                    # raw [B, C] and the version number: reduced once per epoch below, not once per message
+                    tr["rewards"].append(rewards)
+                    tr["dones"].append((terminations, truncations))
+                    tr["versions"].append(out["version"])
                 for name in stats:
                     stats[name].append(ep[name])
                 if video is not None and k == 0:
@@ -128,7 +140,7 @@ class EnvWorker(Worker):
             for k in range(self.stage_num):
                 out = env_channel.get(key=keys[k], expected_from=expected)
                 trajs[k]["values"].append(out["values"])
-        stacked = [{name: tree_stack(v) for name, v in tr.items()} for tr in trajs] if record else []
+        stacked = [_stack_trajectory(tr) for tr in trajs] if record else []
         return stacked, {name: torch.cat(v) if v else torch.zeros(0) for name, v in stats.items()}
 
     def interact(self, rollout_channel: Channel, env_channel: Channel, actor_channel: Channel,
@@ -229,7 +241,7 @@ class RolloutWorker(Worker):
     def _serve(self, mode: str, n_steps: int, rollout_channel: Channel, env_channel: Channel) -> int:
         if self.receiver.version < 0:
             raise RuntimeError("rollout has no weights yet: call sync_model_from_actor first")
-        seed = self.cfg.actor.seed
+        seed, latency = self.cfg.actor.seed, self.cfg.rollout.policy_latency_s
         served = 0
         with torch.no_grad():
             for _ in range(n_steps):
@@ -246,6 +258,8 @@ class RolloutWorker(Worker):
                             noise = noise.to(self.device)
                         with span("inference", stage=k), autocast(self.cfg.rollout.model.precision, self.device):
                             out = self.model.predict_action_batch(obs, noise, mode=mode)
+                            if latency > 0:  # rollout.policy_latency_s: the wait for a GPU or a server, emulated
+                                time.sleep(latency)
                         actions = out["actions"]  # bf16 autocast may make float actions bf16: fp32 for the env
                         actions = actions.float() if actions.is_floating_point() else actions
                         reply = {"actions": actions.cpu(), "logprobs": out["logprobs"].float().cpu(),

@@ -159,16 +159,38 @@ def test_benchmarks_tiny_mode_writes_every_row(tmp_path):
     assert main(["--tiny", "--only", "channel,weights,pipeline", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     rows = {r["name"]: r for r in report["rows"]}
+    pipe = "pipeline hybrid, stage_num 2, E=2 ms, P=2 ms"
+    whole = "whole step: hybrid, stage_num 2 vs collocated, stage_num 1 (E=2 ms, P=1 ms per call)"
     assert {"channel, large (64x3x64x64 uint8, 786 KB)", "channel, small (dict of 4 scalars)",
-            "weight sync, 1M float32 (4 MB)", "pipeline disaggregated / hybrid, stage_num 2"} <= set(rows)
+            "weight sync, 1M float32 (4 MB)", pipe, whole} <= set(rows)
     for r in rows.values():
         assert r["ours"] > 0 and math.isfinite(r["ours"])
         if r["ratio"] is not None:
             assert r["ratio"] > 0
         if r["target"]:
             assert r["met"] in (True, False)
+        assert len(r["reps"]) == report["repetitions"] == 1  # every repetition is kept
+    # the latency knobs are waits, so they bound the time from below: the pipeline's baseline (stage_num 1) waited
+    # 3 env steps of E = 2 ms and 4 inferences of P = 2 ms (the 4th: the bootstrap value) per rollout
+    assert rows[pipe]["baseline"] <= 3 / (3 * 0.002 + 4 * 0.002)
+    assert [e["group"] for e in report["load"]] == ["channel", "channel", "weights", "weights", "pipeline",
+                                                    "pipeline"]
+    assert all(len(e["loadavg"]) == 3 for e in report["load"])
     assert (tmp_path / "pipeline_stage2_timeline.png").is_file()
     assert main(["--only", "nonsense", "--out", str(out)]) == 2
+
+
+def test_a_benchmark_row_is_the_median_of_its_repetitions_and_shows_their_spread():
+    from benchmarks.measure import Row
+    from benchmarks.table import format_table
+
+    reps = [{"ours": o, "baseline": 10.0, "limit": 20.0, "ratio": o / 20.0} for o in (19.0, 12.0, 15.0)]
+    row = Row.from_reps("x", "GB/s", reps, baseline_name="b", limit_name="memcpy", ratio_of="ours/limit",
+                        target=">= 0.7")
+    assert (row.ours, row.baseline, row.limit, row.ratio) == (15.0, 10.0, 20.0, 0.75)
+    assert row.spread == (0.6, 0.95) and row.met is True and row.reps == reps
+    assert "0.75 [0.6-0.95] ours/limit" in format_table([row], markdown=False)
+    assert Row.from_reps("y", "us", reps[:1], ratio_of="ours").spread is None  # one repetition: no range
 
 
 def test_benchmarks_tiny_mode_group_calls_and_the_runner_against_both_plain_loops(tmp_path):

@@ -32,6 +32,7 @@
 
 # %%
 import dataclasses
+import time
 
 import torch
 from workbench import OUT, ROOT, check_exercise, matches
@@ -49,29 +50,56 @@ MLP = str(ROOT / "configs/embodied_mlp.yaml")
 #
 # The MLP config (hybrid placement: env on device 0, rollout on device 1, actor on both), shrunk to 16 envs × 8
 # chunk steps, started twice: once with `pipeline_stage_num` 1, once with 2. Each time we make the runner's own
-# calls for one step — sync the weights, `generate_rollouts` — and fetch the trajectories each actor rank received.
+# calls — sync the weights, `generate_rollouts` — and fetch the trajectories each actor rank received.
+#
+# The MLP and the fake env take ~0.1 ms a call: too little to see overlap (a message costs about as much). So both
+# runs also set the two latency knobs, which stand for the work of a real setup: `env.train.step_latency_s` (a
+# simulator: the env process waits this long per step) and `rollout.policy_latency_s` (a policy on a GPU or a server:
+# the rollout process waits this long per inference). Both are sleeps: work done elsewhere while the worker process
+# waits, RLinf's setting; that also keeps the figures steady on a CPU shared with other jobs. A step of all 16 envs
+# costs E = 50 ms, an inference over all of them P = 50 ms, so one stage's call (1/S of the envs) waits E / S and
+# P / S. Each runner then makes two more `generate_rollouts` calls, timed; the best counts (a busy machine only adds
+# time). Every worker records its spans with the tracer (`rlinf_mini/scheduler/tracer.py`), which draws the
+# timelines.
 
 # %%
-def one_rollout(stage_num: int) -> tuple[list[dict], dict]:
+E = P = 0.05
+N_STEPS = 8
+
+
+def one_rollout(stage_num: int) -> tuple[list[dict], dict, float, list]:
     cfg = load_config(["--config", MLP, "--runner.no-progress-bar", "--rollout.pipeline-stage-num", str(stage_num),
-                       "--env.train.total-num-envs", "16", "--env.train.max-steps-per-rollout-epoch", "8",
-                       "--actor.global-batch-size", "64", "--actor.micro-batch-size", "32"])
+                       "--env.train.total-num-envs", "16", "--env.train.max-steps-per-rollout-epoch", str(N_STEPS),
+                       "--actor.global-batch-size", "64", "--actor.micro-batch-size", "32",
+                       "--env.train.step-latency-s", str(E / stage_num),
+                       "--rollout.policy-latency-s", str(P / stage_num)])
     plan = RunPlan(cfg, f"03 stage_num {stage_num}")
     cluster = Cluster(cfg.cluster)
     try:
         runner = launch(cfg, plan, cluster)
-        runner.init_workers()
+        runner.init_workers()  # runner.trace is on by default: every worker records spans
         runner.update_rollout_weights()
         runner.actor.set_global_step(0).wait()
         metrics = runner.generate_rollouts()
         batches = runner.actor.get_rollout_batch().wait()  # one dict per actor rank
+        best, spans = float("inf"), []
+        for _ in range(2):
+            for group in (runner.env, runner.rollout):
+                group.trace_drain().wait()
+            start = time.perf_counter()
+            runner.generate_rollouts()
+            took = time.perf_counter() - start
+            if took < best:
+                best = took
+                spans = [s for g in (runner.env, runner.rollout) for per_rank in g.trace_drain().wait()
+                         for s in per_rank]
     finally:
         cluster.shutdown()
-    return batches, metrics
+    return batches, metrics, best, spans
 
 
-unpipelined, m1 = one_rollout(1)
-pipelined, m2 = one_rollout(2)
+unpipelined, m1, t1, spans1 = one_rollout(1)
+pipelined, m2, t2, spans2 = one_rollout(2)
 for name in TRAJECTORY_KEYS:
     print(f"{name:9} {list(pipelined[0][name].shape)} per actor rank")
 print(f"samples served by the rollout: {m1['rollout/samples']:.0f} (S=1), {m2['rollout/samples']:.0f} (S=2)")
@@ -95,56 +123,10 @@ assert m1["rollout/samples"] == m2["rollout/samples"] == 16 * (8 + 1)
 assert pipelined[0]["rewards"].abs().sum() > 0  # a real rollout: the policy moved, rewards were earned
 
 # %% [markdown]
-# ## Run it (2): how much time do two stages save?
-#
-# The MLP env and policy above take ~0.1 ms a step: too little to see overlap (a message costs about as much). To
-# measure the pipeline itself we use `benchmarks/bench_workers.py`'s `SimEnvWorker` and `SimRolloutWorker`, the
-# workers `python -m benchmarks` measures: they speak exactly `stages/rollout.py`'s protocol (prime every stage;
-# then per step and stage get → work → put) through the real `Cluster`, `WorkerGroup` and `Channel`, but their
-# work has a fixed cost: an env step of E seconds for all envs (E / S per stage) and an inference of P seconds
-# (P / S per stage). Here the work is a sleep (`sleep=True`): it stands for work done on a device — a GPU
-# simulator, a forward pass on a GPU — while the worker process waits for it, RLinf's setting; it also keeps the
-# figures steady on a CPU shared with other jobs. (`python -m benchmarks` burns real CPU time instead, env and
-# rollout each on its own core; README, Performance.) Env on device 0, rollout on device 1 — the hybrid placement
-# during the rollout. E = P = 30 ms, 8 steps, each S three times, interleaved; the best of three counts (a busy
-# machine only adds time). Every worker records its spans with the tracer
-# (`rlinf_mini/scheduler/tracer.py`), which draws the timelines.
+# ## Run it (2): how much time did two stages save?
 
 # %%
-import benchmarks.bench_workers as bw
-from rlinf_mini.config import ClusterConfig
-from rlinf_mini.scheduler.channel import Channel
-from stages.placement import PlacementStrategy, ProcessPlacement
-
-E = P = 0.03
-N_STEPS = 8
-
-
-def strategy(name: str, device: int) -> PlacementStrategy:
-    return PlacementStrategy(name, (ProcessPlacement(0, (device,)),))
-
-
-seconds, spans_of = {}, {}
-cluster = Cluster(ClusterConfig(num_devices=2, timeout_s=60.0))
-try:
-    sim_env = bw.SimEnvWorker.create_group(None).launch(cluster, strategy("env", 0), name="EnvGroup")
-    sim_rollout = bw.SimRolloutWorker.create_group(None).launch(cluster, strategy("rollout", 1), name="RolloutGroup")
-    for group in (sim_env, sim_rollout):
-        group.trace_enable().wait()
-    for rep in range(3):
-        for S in (1, 2):
-            rollout_channel = Channel.create(f"Rollout.{S}.{rep}", cluster, maxsize=S + 1)
-            env_channel = Channel.create(f"Env.{S}.{rep}", cluster, maxsize=S + 1)
-            for group in (sim_env, sim_rollout):
-                group.trace_drain().wait()
-            served = sim_rollout.run(rollout_channel, env_channel, N_STEPS, S, P, (32, 2), sleep=True)
-            took = sim_env.run(rollout_channel, env_channel, N_STEPS, S, E, (32, 4), sleep=True).wait()[0]
-            served.wait()
-            spans = [s for g in (sim_env, sim_rollout) for per_rank in g.trace_drain().wait() for s in per_rank]
-            if took < seconds.get(S, float("inf")):
-                seconds[S], spans_of[S] = took, spans
-finally:
-    cluster.shutdown()
+seconds, spans_of = {1: t1, 2: t2}, {1: spans1, 2: spans2}
 ratio = seconds[2] / seconds[1]
 ideal = (E + P) / max(E, P)
 print(f"S=1: {seconds[1]:.3f} s, S=2: {seconds[2]:.3f} s for {N_STEPS} steps; S=2 / S=1 = {ratio:.2f} "
@@ -161,10 +143,11 @@ print("\n".join(str(p) for p in pictures.values()))
 # pipeline is full, the env steps stage k while the policy infers stage k+1, so a step costs max(E, P) plus a
 # little fill and drain. The ideal speedup is therefore **(E + P) / max(E, P)** — 2 when E = P, i.e. half the
 # time; 1 (nothing to gain) when one side dominates. A finite rollout also has to fill the pipeline (the first
-# stage's inference, before the env has anything to step) and drain it (the last stage's step), and each message
-# costs tens of µs more (pickling, a few system calls), so **two stages cut the step time by about a third to
-# a half**: over these 8 steps, S=2 / S=1 ≈ 0.55 on a 2-core CPU (about (8·30 + 30) / (8·60) = 0.56 with the fill
-# and drain; the assert allows up to 0.8, for a machine busy with other work). Longer rollouts get closer to 0.5.
+# stage's inference, before the env has anything to step) and drain it (the bootstrap inference of the last
+# stage), and each message costs tens of µs more (pickling, a few system calls), so **two stages cut the time by
+# about a half**: over these 8 steps, S=2 / S=1 ≈ 0.55 on a 2-core CPU (the unpipelined run pays 9 inferences and
+# 8 env steps, (9 + 8) · 50 ms; the pipelined one about 25 + 8 · 50 + 25 ms: 0.53; the assert allows up to 0.8,
+# for a machine busy with other work). Longer rollouts get closer to 0.5.
 #
 # The pictures: `03_timeline_stage1.png` shows the env row (blue `env_step`) and the rollout row (orange `inference`)
 # taking strict turns, each waiting (thin grey bars) while the other works. `03_timeline_stage2.png` shows them
