@@ -83,5 +83,9 @@ class Backend:
     def channel_transport(self, name: str, maxsize: int, default_timeout: float):
         raise NotImplementedError
 
+    def wait_note(self) -> str:
+        """Anything the backend knows about why a wait is taking long, appended to the driver's timeout message."""
+        return ""
+
     def shutdown(self) -> None:
         """Release what the backend holds in the driver (servers, queues, a Ray session it started)."""

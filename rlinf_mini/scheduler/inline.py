@@ -18,9 +18,9 @@ worker.py). Why threads that take turns, and not coroutines or free threads:
 Channels are in-process queues (no pickling, no shared memory); an item's tensors are cloned on put, as a process
 boundary would copy them. Group-call arguments and results are passed by reference. The actor's collective is an
 in-process all-reduce over the group's threads (`InlineCollective`): with two ranks its sums are bitwise gloo's.
-Timeouts, error reports (group, rank, traceback) and Ctrl-C behave as with `local`; a rank cannot be killed (a hung
-rank is reported by the driver's timeout and abandoned), and faults that end a process (kill9, exit, segv) would end
-the driver too.
+Timeouts, error reports (group, rank, traceback) and Ctrl-C behave as with `local`, but for a hung rank: it keeps the
+turn, so no other rank runs; the driver's timeout then names the rank that holds the turn and its method, and the
+rank is abandoned (a thread cannot be killed). Faults that end a process (kill9, exit, segv) would end the driver.
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ from rlinf_mini.scheduler.worker import _turn, build_worker, run_call, waiting_f
 class _Turn:
     """One rank thread's side of the turn: its own random generator states and torch thread count."""
 
-    def __init__(self, lock: threading.Lock, num_threads: int):
+    def __init__(self, backend: InlineBackend, who: str, num_threads: int):
         import numpy
         import torch
 
-        self.lock, self.num_threads = lock, num_threads
+        self.backend, self.lock, self.who, self.num_threads = backend, backend.turn, who, num_threads
         self.held = False
+        self.method = "__init__"  # the call this rank runs (for the driver's timeout message)
         self.torch_state = torch.Generator().get_state()  # what a freshly started process would have
         self.numpy_state = numpy.random.RandomState().get_state()
         self.python_state = random.Random().getstate()
@@ -60,6 +61,7 @@ class _Turn:
         self.held = self.lock.acquire(timeout=timeout)
         if not self.held:
             return
+        self.backend.holder = (self.who, self.method, time.monotonic())
         torch.set_rng_state(self.torch_state)
         numpy.random.set_state(self.numpy_state)
         random.setstate(self.python_state)
@@ -85,6 +87,7 @@ class InlineBackend(Backend):
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self.turn = threading.Lock()  # held by the one rank thread that runs
+        self.holder: tuple[str, str, float] | None = None  # (group and rank, method, since when) of the last taker
         self.transports: list[InlineQueues] = []
 
     def launch(self, group, specs: list[RankSpec]) -> InlineRanks:
@@ -96,6 +99,14 @@ class InlineBackend(Backend):
         transport = InlineQueues(name, maxsize)
         self.transports.append(transport)
         return transport
+
+    def wait_note(self) -> str:
+        """Who holds the turn, for a driver's timeout: with turns, one hung rank stops every other."""
+        holder = self.holder
+        if holder is None or not self.turn.locked():
+            return ""
+        who, method, since = holder
+        return f"; on the inline backend {who} has held the turn for {time.monotonic() - since:.0f} s, in {method}()"
 
     def shutdown(self) -> None:
         for transport in self.transports:
@@ -119,7 +130,7 @@ class InlineRanks(GroupRanks):
     def _rank_main(self, spec: RankSpec) -> None:
         import torch
 
-        turn = _Turn(self.backend.turn, len(spec.cores))
+        turn = _Turn(self.backend, f"{spec.group_name} rank {spec.rank}", len(spec.cores))
         _turn.give, _turn.take = turn.give, turn.take  # for waiting_for_others(), in this thread only
         tracer.set_thread_identity(spec.group_name, spec.rank)
         # a GPU rank computes on the driver's GPU of its first device (spec.gpus may name it by UUID)
@@ -143,6 +154,7 @@ class InlineRanks(GroupRanks):
             if command is None:  # the stop message
                 break
             call_id, method, args, kwargs = command
+            turn.method = method
             turn.take()
             try:
                 ok, value = run_call(worker, method, args, kwargs)
@@ -248,6 +260,10 @@ def _copy(item: Any) -> Any:
     return item
 
 
+class _Expired(Exception):
+    """A channel wait reached its deadline (turned into the transport's False outside the wait)."""
+
+
 class InlineQueues:
     """The inline channel transport: one queue.Queue per key, in the driver's process."""
 
@@ -267,20 +283,23 @@ class InlineQueues:
     def _blocking(self, op, wait_name: str, deadline: float, check, slice_s: float) -> bool:
         """Retry `op(timeout)` in slices until it succeeds (True) or the deadline passes (False); the rank gives up
         its turn while it waits."""
-        with tracer.span(wait_name), waiting_for_others():
-            while True:
-                if self.closed:
-                    raise ConnectionError(f"channel {self.name!r}: the run is shutting down")
-                if check is not None:
-                    check()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                try:
-                    op(min(left, slice_s))
-                    return True
-                except (queue.Full, queue.Empty):
-                    continue
+        try:
+            with tracer.span(wait_name), waiting_for_others():
+                while True:
+                    if self.closed:
+                        raise ConnectionError(f"channel {self.name!r}: the run is shutting down")
+                    if check is not None:
+                        check()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise _Expired  # an error on its way out: reported even while a hung rank holds the turn
+                    try:
+                        op(min(left, slice_s))
+                        return True
+                    except (queue.Full, queue.Empty):
+                        continue
+        except _Expired:
+            return False
 
     def put(self, key: Hashable, item: Any, deadline: float, check, slice_s: float) -> bool:
         q, item = self._queue(key), _copy(item)

@@ -254,7 +254,7 @@ class WorkerGroup:
                 missing = [r for r in fut.ranks if r not in got]
                 self._abandon(fut.call_id)
                 raise TimeoutError(f"{self.name}.{fut.method}() did not return from rank(s) {missing} within "
-                                   f"{timeout:g} s ({why})")
+                                   f"{timeout:g} s ({why}){self.cluster.backend.wait_note()}")
             self._drain(block_s=POLL_S)
 
     def shutdown(self, timeout: float = 5.0) -> None:
