@@ -383,6 +383,9 @@ class RewardConfig:
     """Reward of a correct answer (before reward_scale)."""
     reward_min_val: float = -1.0
     """Reward of a wrong or missing answer (before reward_scale)."""
+    permute_rewards: bool = False
+    """rlinf_mini: a control experiment: the actor shuffles the rewards within each step's batch (seeded), so they
+    carry no information about the responses; a run that still improves learns from something else."""
 
 
 @dataclass

@@ -138,6 +138,9 @@ class ReasoningActorWorker(Worker):
                                                                       f"{c % reward_world_size}") for c in mine]
         start = time.monotonic()
         b = {k: v.to(self.device) for k, v in stack_chunks(chunks, self.tokenizer.pad_token_id).items()}
+        if self.cfg.reward.permute_rewards:  # the control: rewards detached from the responses they scored
+            perm = torch.randperm(len(b["rewards"]), generator=torch.Generator().manual_seed(cfg.seed + global_step))
+            b["rewards"] = b["rewards"][perm.to(self.device)]
         mask = b["response_mask"].float()  # [N, R]
         b["advantages"] = compute_grpo_token_advantages(b["rewards"], mask, algo.group_size)
         n = len(b["rewards"])

@@ -37,8 +37,16 @@ def create_smollm2(out: str) -> None:
 
     gguf = find_smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    save_causal_lm(model, tokenizer, out)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # the GGUF-loaded model is marked as quantized and refuses save_pretrained; its weights are already float32,
+    # so a plain model of the same config takes them over
+    config = loaded.config
+    for key in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, key):
+            delattr(config, key)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    save_causal_lm(model.eval(), tokenizer, out)
 
 
 def main(argv: list[str] | None = None) -> int:
