@@ -339,6 +339,8 @@ class ArithmeticDataConfig:
     """rlinf_mini: operands are drawn from 0..max_operand."""
     seed: int = 0
     """rlinf_mini: seed of the generated problems."""
+    few_shot: int = 0
+    """rlinf_mini: start each prompt with this many solved problems, one per line (for pretrained models)."""
 
 
 @dataclass
@@ -780,7 +782,8 @@ def validate_reasoning_config(cfg: TrainConfig, source: str) -> None:
                        ("algorithm.sampling_params.temperature", sampling.temperature),
                        ("data.arithmetic.num_train", data.arithmetic.num_train),
                        ("data.arithmetic.num_val", data.arithmetic.num_val),
-                       ("data.arithmetic.max_operand", data.arithmetic.max_operand)):
+                       ("data.arithmetic.max_operand", data.arithmetic.max_operand),
+                       ("data.arithmetic.few_shot", data.arithmetic.few_shot + 1)):
         if value <= 0:
             fail(key, f"must be positive, got {value}")
     if max_new_tokens(cfg) <= 0:

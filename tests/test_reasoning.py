@@ -41,12 +41,7 @@ def tiny(tmp_path_factory):
     """A warm-started tiny GPT-2 (right on ~20 % of sums: rewards differ within groups) and its config."""
     tmp = tmp_path_factory.mktemp("tiny")
     cfg = load_config(small_argv(tmp, str(tmp / "model")))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 0.1 M-parameter model: a second thread only waits (and starves when cores are busy)
-    try:
-        create_tiny_lm(cfg, str(tmp / "model"), sft_steps=450)
-    finally:
-        torch.set_num_threads(threads)
+    create_tiny_lm(cfg, str(tmp / "model"), sft_steps=450)
     model, tok = load_causal_lm(tmp / "model")
     return tmp, cfg, model, tok
 
@@ -231,15 +226,16 @@ def test_one_or_two_rollout_ranks_and_resume_give_bitwise_the_same_run(tiny):
     model = str(tmp / "model")
     one = {"actor": "0", "rollout,reward": "1"}
     two = {"actor": "0", "rollout": "0-1", "reward": "1"}
-    dir_a, hist_a = run(tmp, model, "one_rank", 3, one, "--runner.save-interval", "2")
-    dir_b, hist_b = run(tmp, model, "two_ranks", 3, two, "--runner.save-interval", "3")
-    dir_c, hist_c = run(tmp, model, "resumed", 3, one, "--runner.save-interval", "3",
-                        "--runner.resume-dir", str(dir_a / "checkpoints/global_step_2"))
+    dir_a, hist_a = run(tmp, model, "one_rank", 2, one, "--runner.save-interval", "1")
+    dir_b, hist_b = run(tmp, model, "two_ranks", 2, two, "--runner.save-interval", "2")
+    dir_c, hist_c = run(tmp, model, "resumed", 2, one, "--runner.save-interval", "2",
+                        "--runner.resume-dir", str(dir_a / "checkpoints/global_step_1"))
     keys = ["rollout/rewards", "rollout/response_length", "rollout/accuracy", "train/actor/policy_loss"]
     assert [[h[k] for k in keys] for h in hist_a] == [[h[k] for k in keys] for h in hist_b]
-    assert [h[k] for h in hist_a[2:] for k in keys] == [h[k] for h in hist_c for k in keys]
+    assert [h[k] for h in hist_a[1:] for k in keys] == [h[k] for h in hist_c for k in keys]
     assert any(h["train/actor/grad_norm"] > 0 for h in hist_a)  # the weights did move
-    a, b, c = weights(dir_a, 3), weights(dir_b, 3), weights(dir_c, 3)
+    a, b, c = weights(dir_a, 2), weights(dir_b, 2), weights(dir_c, 2)
+    assert not all(torch.equal(a[k], weights(dir_a, 1)[k]) for k in a)
     assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
-    assert json.loads((dir_c / "checkpoints/global_step_3/runner.json").read_text()) == \
-        json.loads((dir_a / "checkpoints/global_step_3/runner.json").read_text())
+    assert json.loads((dir_c / "checkpoints/global_step_2/runner.json").read_text()) == \
+        json.loads((dir_a / "checkpoints/global_step_2/runner.json").read_text())

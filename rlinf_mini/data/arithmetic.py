@@ -26,9 +26,11 @@ def arithmetic_problems(max_operand: int, n: int, seed: int) -> list[tuple[int, 
     return [(p // (max_operand + 1), p % (max_operand + 1)) for p in picks]
 
 
-def format_problem(a: int, b: int) -> tuple[str, str]:
-    """The prompt the model completes and its reference answer: ('37+45=', '82')."""
-    return f"{a}+{b}=", str(a + b)
+def format_problem(a: int, b: int, shots: list[tuple[int, int]] = ()) -> tuple[str, str]:
+    """The prompt the model completes and its reference answer: ('37+45=', '82'); with `shots`, solved problems
+    come first, one per line ('12+35=47\n37+45=')."""
+    prefix = "".join(f"{x}+{y}={x + y}\n" for x, y in shots)
+    return f"{prefix}{a}+{b}=", str(a + b)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -41,10 +43,11 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 def write_arithmetic_jsonl(data: DataConfig, train_path: str | Path, val_path: str | Path) -> None:
     """Write num_train train and num_val held-out problems (disjoint) with data.prompt_key / data.answer_key."""
     a = data.arithmetic
-    pairs = arithmetic_problems(a.max_operand, a.num_train + a.num_val, a.seed)
+    pairs = arithmetic_problems(a.max_operand, a.num_train + a.num_val + a.few_shot, a.seed)
+    shots = pairs[a.num_train + a.num_val:]  # the same solved examples in every prompt, in no split
     rows = []
-    for x, y in pairs:
-        prompt, answer = format_problem(x, y)
+    for x, y in pairs[: a.num_train + a.num_val]:
+        prompt, answer = format_problem(x, y, shots)
         rows.append({data.prompt_key: prompt, data.answer_key: [answer]})
     _write_jsonl(Path(val_path), rows[: a.num_val])
     _write_jsonl(Path(train_path), rows[a.num_val :])

@@ -13,6 +13,8 @@ import argparse
 import sys
 import time
 
+import torch
+
 from rlinf_mini.config import ConfigError, TrainConfig, load_config
 
 SFT_STEPS = 550  # short on purpose: the warm start is right about half the time, so RL has room to improve it
@@ -47,8 +49,14 @@ def create_tiny_lm(cfg: TrainConfig, out: str, sft_steps: int = SFT_STEPS) -> li
     m = cfg.actor.model
     model = tiny_gpt2(len(tokenizer), m.hidden_dim, m.num_layers, n_positions=max(64, cfg.runner.seq_length),
                       seed=cfg.actor.seed)
-    losses = supervised_warm_start(model, tokenizer, prompts, answers, sft_steps, SFT_BATCH_SIZE, SFT_LR,
-                                   seed=cfg.actor.seed)
+    threads = torch.get_num_threads()
+    # one thread: at this size a second one only waits, and on busy cores its spinning took 15x longer (measured)
+    torch.set_num_threads(1)
+    try:
+        losses = supervised_warm_start(model, tokenizer, prompts, answers, sft_steps, SFT_BATCH_SIZE, SFT_LR,
+                                       seed=cfg.actor.seed)
+    finally:
+        torch.set_num_threads(threads)
     save_causal_lm(model, tokenizer, out)
     return losses
 
