@@ -1,15 +1,17 @@
-"""Train an embodied policy: YAML -> Cluster -> placement -> actor / rollout / env groups -> EmbodiedRunner.
+"""Train an embodied policy: YAML -> Cluster -> placement -> actor / rollout / env groups -> EmbodiedRunner (or, with
+runner.task_type: reasoning, a language model: actor / rollout / reward groups -> ReasoningRunner).
 
     python -m rlinf_mini.train --config configs/embodied.yaml                      # CPU fake env, a few minutes
     python -m rlinf_mini.train --config configs/cartpole.yaml --runner.max-epochs 50
     python -m rlinf_mini.train --config configs/embodied.yaml --help               # every key, with its meaning
     python -m rlinf_mini.train --config configs/embodied.yaml --explain            # the plan; starts nothing
+    python -m rlinf_mini.train --config configs/math.yaml        # runner.task_type reasoning: GRPO on a tiny GPT-2
 
 Bad input (an unknown key, a wrong type, a bad placement, batch sizes that do not divide) is one line on stderr and
 exit code 2, before any worker process starts. A failing worker is reported with its group, rank and traceback, and
 every process and shared-memory segment is gone when this returns.
 
-RLinf counterpart: `examples/embodiment/train_embodied_agent.py`.
+RLinf counterpart: `examples/embodiment/train_embodied_agent.py` (reasoning: `examples/reasoning/main_grpo.py`).
 """
 
 from __future__ import annotations
