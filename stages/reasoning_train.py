@@ -194,7 +194,9 @@ class ReasoningActorWorker(Worker):
         logprobs = self._logprobs(self.model, b, idx)  # [n, R]
         w = token_weights(mask, algo.loss_agg_func)
         scale = agg_scale(mask, algo.loss_agg_func)
-        pg_loss, metrics = compute_ppo_actor_loss(  # token level: every response token is one sample
+        # token level: every response token is one sample [n * R]; compute_ppo_actor_loss averages with its mask,
+        # so weights w (and a scale) turn that mean into loss_agg_func; its ratio / clip metrics are w-weighted too
+        pg_loss, metrics = compute_ppo_actor_loss(
             logprobs.reshape(-1), b["logprobs"][idx].reshape(-1), b["advantages"][idx].reshape(-1), w.reshape(-1),
             algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c)
         loss = pg_loss * scale

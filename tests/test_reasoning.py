@@ -211,7 +211,8 @@ def run(tmp, model, name, steps, placement, *extra):
     argv = small_argv(tmp, model, "--runner.max-epochs", str(steps), "--runner.val-check-interval", "-1",
                       "--runner.logger.experiment-name", name, "--data.rollout-batch-size", "8",
                       "--actor.global-batch-size", "32", "--actor.micro-batch-size", "32",
-                      "--algorithm.rollout-batch-size-per-gpu", "2", *extra, config=config)
+                      "--algorithm.rollout-batch-size-per-gpu", "2", "--algorithm.kl-beta", "0.01", *extra,
+                      config=config)  # kl_beta > 0: the reference-model path runs too
     cfg = load_config(argv)
     plan = ReasoningRunPlan(cfg, "test")
     return plan.run_dir, build_and_run(cfg, plan)
@@ -234,6 +235,7 @@ def test_one_or_two_rollout_ranks_and_resume_give_bitwise_the_same_run(tiny):
     assert [[h[k] for k in keys] for h in hist_a] == [[h[k] for k in keys] for h in hist_b]
     assert [h[k] for h in hist_a[1:] for k in keys] == [h[k] for h in hist_c for k in keys]
     assert any(h["train/actor/grad_norm"] > 0 for h in hist_a)  # the weights did move
+    assert hist_a[-1]["train/actor/kl_loss"] > 0  # the policy drifted from the frozen reference
     a, b, c = weights(dir_a, 2), weights(dir_b, 2), weights(dir_c, 2)
     assert not all(torch.equal(a[k], weights(dir_a, 1)[k]) for k in a)
     assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
