@@ -2,7 +2,7 @@
 # # 07 — Reasoning: prompts → sampled responses → a verifier's reward → GRPO → new weights
 #
 # Run it: `python tutorials/07_reasoning.py` (about a minute on a 2-core CPU: it warm-starts a tiny GPT-2, takes one
-# step apart, then trains 40 steps). Every stated fact is an `assert` in the cell after it.
+# step apart, then trains 20 steps). Every stated fact is an `assert` in the cell after it.
 #
 # ## What this stage does, and why RLinf has it
 #
@@ -44,7 +44,7 @@ RUNS = OUT / "runs"
 argv = ["--config", str(ROOT / "configs/math.yaml"), "--runner.logger.log-path", str(RUNS),
         "--runner.logger.experiment-name", "07_reasoning", "--actor.model.model-path", str(OUT / "tiny_lm"),
         "--data.train-data-paths", str(OUT / "data/train.jsonl"), "--data.val-data-paths", str(OUT / "data/val.jsonl"),
-        "--runner.max-epochs", "40", "--runner.val-check-interval", "40", "--runner.save-interval", "-1"]
+        "--runner.max-epochs", "20", "--runner.val-check-interval", "20", "--runner.save-interval", "-1"]
 cfg = load_config(argv)
 losses = create_tiny_lm(cfg, str(OUT / "tiny_lm"))  # writes the JSONL files, then 550 supervised steps (~10 s)
 model, tokenizer = load_causal_lm(OUT / "tiny_lm")
@@ -107,7 +107,7 @@ assert torch.allclose(recomputed, out["logprobs"], atol=1e-5)
 
 # %% [markdown]
 # **Training raises held-out exact match.** The whole run through the runtime: `ReasoningRunPlan` (placement of
-# actor, rollout and reward; batch arithmetic; datasets), then the three groups and `ReasoningRunner`, 40 steps
+# actor, rollout and reward; batch arithmetic; datasets), then the three groups and `ReasoningRunner`, 20 steps
 # of 16 prompts × 8 responses, evaluated greedily on the 256 held-out sums before and after.
 
 # %%
