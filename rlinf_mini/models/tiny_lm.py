@@ -96,6 +96,9 @@ def load_tokenizer(path: str | Path):
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32):
     """(model in eval mode, tokenizer) from an HF folder."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one bar per worker process on every load clutters the run's console
     tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     return model, tokenizer
