@@ -834,9 +834,12 @@ def check_reasoning_batch_arithmetic(cfg: TrainConfig, rollout_world_size: int, 
 
     prompts, group = cfg.data.rollout_batch_size, cfg.algorithm.group_size
     responses = prompts * group
-    if prompts % actor_world_size:
-        fail("data.rollout_batch_size", f"{prompts} prompts cannot be split into whole groups for {actor_world_size} "
-                                        f"actor ranks")
+    chunks = prompts // cfg.algorithm.rollout_batch_size_per_gpu  # each actor rank takes an equal block of chunks
+    if chunks % actor_world_size:
+        fail("algorithm.rollout_batch_size_per_gpu",
+             f"data.rollout_batch_size={prompts} / rollout_batch_size_per_gpu="
+             f"{cfg.algorithm.rollout_batch_size_per_gpu} = {chunks} chunks cannot be split evenly over "
+             f"{actor_world_size} actor ranks")
     gbs, mbs = cfg.actor.global_batch_size, cfg.actor.micro_batch_size
     if gbs % (mbs * actor_world_size):
         fail("actor.global_batch_size",

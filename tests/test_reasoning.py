@@ -243,3 +243,13 @@ def test_one_or_two_rollout_ranks_and_resume_give_bitwise_the_same_run(tiny):
     assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
     assert json.loads((dir_c / "checkpoints/global_step_2/runner.json").read_text()) == \
         json.loads((dir_a / "checkpoints/global_step_2/runner.json").read_text())
+
+
+def test_chunks_must_split_evenly_over_the_actor_ranks():
+    from rlinf_mini.config import ConfigError, check_reasoning_batch_arithmetic
+
+    cfg = load_config(["--config", CONFIG, "--algorithm.rollout-batch-size-per-gpu", "16",
+                       "--actor.micro-batch-size", "64"])
+    with pytest.raises(ConfigError, match="algorithm.rollout_batch_size_per_gpu: .* 1 chunks .* 2 actor ranks"):
+        check_reasoning_batch_arithmetic(cfg, 1, 1, 2, "test")
+    check_reasoning_batch_arithmetic(cfg, 1, 1, 1, "test")  # one actor rank takes the one chunk
