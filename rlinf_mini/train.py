@@ -1,15 +1,17 @@
-"""Train an embodied policy: YAML -> Cluster -> placement -> actor / rollout / env groups -> EmbodiedRunner.
+"""Train an embodied policy: YAML -> Cluster -> placement -> actor / rollout / env groups -> EmbodiedRunner (or, with
+runner.task_type: reasoning, a language model: actor / rollout / reward groups -> ReasoningRunner).
 
     python -m rlinf_mini.train --config configs/embodied.yaml                      # CPU fake env, a few minutes
     python -m rlinf_mini.train --config configs/cartpole.yaml --runner.max-epochs 50
     python -m rlinf_mini.train --config configs/embodied.yaml --help               # every key, with its meaning
     python -m rlinf_mini.train --config configs/embodied.yaml --explain            # the plan; starts nothing
+    python -m rlinf_mini.train --config configs/math.yaml        # runner.task_type reasoning: GRPO on a tiny GPT-2
 
 Bad input (an unknown key, a wrong type, a bad placement, batch sizes that do not divide) is one line on stderr and
 exit code 2, before any worker process starts. A failing worker is reported with its group, rank and traceback, and
 every process and shared-memory segment is gone when this returns.
 
-RLinf counterpart: `examples/embodiment/train_embodied_agent.py`.
+RLinf counterpart: `examples/embodiment/train_embodied_agent.py` (reasoning: `examples/reasoning/main_grpo.py`).
 """
 
 from __future__ import annotations
@@ -99,6 +101,64 @@ def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa:
     return EmbodiedRunner(cfg, actor=actor, rollout=rollout, env=env, cluster=cluster, run_dir=plan.run_dir)
 
 
+# --- reasoning (runner.task_type: reasoning) -------------------------------------------------------------------------
+
+
+class ReasoningRunPlan:
+    """The reasoning run's checks and files, before any process starts: placement (actor, rollout, reward), batch
+    arithmetic, the arithmetic JSONL and the model folder (made when missing), the prompt datasets."""
+
+    def __init__(self, cfg: TrainConfig, source: str):
+        from rlinf_mini.config import check_reasoning_batch_arithmetic
+        from rlinf_mini.data.prompt_dataset import PromptDataset
+        from rlinf_mini.models.make_tiny_lm import create_tiny_lm, ensure_arithmetic_data
+        from rlinf_mini.models.tiny_lm import load_tokenizer
+        from stages.placement import ReasoningComponentPlacement
+
+        self.cfg = cfg
+        self.placement = ReasoningComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
+        self.world_sizes = {c: self.placement.get_world_size(c) for c in ("actor", "rollout", "reward")}
+        check_reasoning_batch_arithmetic(cfg, self.world_sizes["rollout"], self.world_sizes["reward"],
+                                         self.world_sizes["actor"], source)
+        ensure_arithmetic_data(cfg)
+        path = cfg.actor.model.model_path
+        if not Path(path).exists():  # the initial HF folder, as `python -m rlinf_mini.models.make_tiny_lm`
+            if cfg.actor.model.model_type == "smollm2":
+                from rlinf_mini.models.make_smollm2 import create_smollm2
+
+                create_smollm2(path)
+            else:
+                create_tiny_lm(cfg, path)
+        tokenizer = load_tokenizer(path)
+        self.train_set = PromptDataset.from_jsonl(cfg.data.train_data_paths, cfg.data, tokenizer)
+        self.val_set = PromptDataset.from_jsonl(cfg.data.val_data_paths, cfg.data, tokenizer, "data.val_data_paths")
+        if cfg.data.rollout_batch_size > len(self.train_set):
+            raise ConfigError(f"{source}: data.rollout_batch_size: {cfg.data.rollout_batch_size} exceeds the "
+                              f"{len(self.train_set)} train prompts")
+        self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
+
+
+def launch_reasoning(cfg: TrainConfig, plan: ReasoningRunPlan, cluster):
+    """Start the rollout, reward and actor groups where the placement says, and wire them into a ReasoningRunner."""
+    from rlinf_mini.reasoning_runner import ReasoningRunner
+    from stages.reasoning_reward import ReasoningRewardWorker
+    from stages.reasoning_rollout import ReasoningRolloutWorker
+    from stages.reasoning_train import ReasoningActorWorker
+
+    p = plan.placement
+    rollout = ReasoningRolloutWorker.create_group(cfg).launch(
+        cluster, placement_strategy=p.get_strategy("rollout"), name=cfg.rollout.group_name)
+    reward = ReasoningRewardWorker.create_group(cfg).launch(
+        cluster, placement_strategy=p.get_strategy("reward"), name=cfg.reward.group_name)
+    actor = ReasoningActorWorker.create_group(cfg).launch(
+        cluster, placement_strategy=p.get_strategy("actor"), name=cfg.actor.group_name)
+    return ReasoningRunner(cfg, actor=actor, rollout=rollout, reward=reward, cluster=cluster, run_dir=plan.run_dir,
+                           train_set=plan.train_set, val_set=plan.val_set)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM reached the driver: unwinding stops every worker."""
 
@@ -125,7 +185,7 @@ def _stop_on_signals(cluster) -> dict:
     return {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
-def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
+def build_and_run(cfg: TrainConfig, plan: RunPlan | ReasoningRunPlan) -> list[dict[str, float]]:
     """Start the workers, train, and stop everything (also on error, Ctrl-C or SIGTERM)."""
     from rlinf_mini.scheduler import shm
     from rlinf_mini.scheduler.cluster import Cluster
@@ -138,7 +198,7 @@ def build_and_run(cfg: TrainConfig, plan: RunPlan) -> list[dict[str, float]]:
     cluster = Cluster(cfg.cluster)
     previous = _stop_on_signals(cluster) if threading.current_thread() is threading.main_thread() else {}
     try:
-        runner = launch(cfg, plan, cluster)
+        runner = (launch_reasoning if isinstance(plan, ReasoningRunPlan) else launch)(cfg, plan, cluster)
         runner.init_workers()
         return runner.run()
     finally:
@@ -169,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if os.environ.get(faults.ENV_VAR):
             faults.parse(os.environ[faults.ENV_VAR])  # a malformed fault plan fails here, not in every worker
-        plan = RunPlan(cfg, source)
+        plan = (ReasoningRunPlan if cfg.runner.task_type == "reasoning" else RunPlan)(cfg, source)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -195,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         first, last = evals[0], evals[-1]
         summary += (f"; eval success {first['eval/success_once']:.2f} -> {last['eval/success_once']:.2f}, "
                     f"eval return {first['eval/return']:.3g} -> {last['eval/return']:.3g}")
+    accuracy = [h["eval/accuracy"] for h in history if "eval/accuracy" in h]
+    if accuracy:
+        summary += f"; eval accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f}"
     print(summary, file=sys.stderr)
     return 0
 

@@ -208,3 +208,22 @@ class HybridComponentPlacement(ComponentPlacement):
                 raise PlacementError(
                     f"cluster.component_placement: unknown component {name!r} (known: actor, rollout, env)"
                 )
+
+
+class ReasoningComponentPlacement(ComponentPlacement):
+    """The reasoning placement: requires components 'actor', 'rollout' and 'reward' (RLinf's reasoning runs use
+    ModelParallelComponentPlacement; without tensor parallelism its layout rules reduce to these)."""
+
+    def __init__(self, component_placement: dict[str, str], num_devices: int):
+        super().__init__(component_placement, num_devices)
+        for name in ("actor", "rollout", "reward"):
+            if name not in self._strategies:
+                raise PlacementError(
+                    f"cluster.component_placement.{name}: missing; the reasoning placement needs actor, rollout "
+                    f"and reward (placed: {', '.join(self.components)})"
+                )
+        for name in self.components:
+            if name not in ("actor", "rollout", "reward"):
+                raise PlacementError(
+                    f"cluster.component_placement: unknown component {name!r} (known: actor, rollout, reward)"
+                )

@@ -200,6 +200,14 @@ def test_shipped_config_round_trips_and_is_valid(tmp_path, config):
         pytest.skip(f"{config.name}: {module} is not installed")
     if cfg.actor.model.model_type == "tiny_vla":  # RunPlan creates the model folder: here, not in the checkout
         cfg.actor.model.model_path = str(tmp_path / "tiny_vla")
+    if cfg.runner.task_type == "reasoning":  # placement and batch arithmetic (ReasoningRunPlan would make the model)
+        from rlinf_mini.config import check_reasoning_batch_arithmetic
+        from stages.placement import ReasoningComponentPlacement
+
+        placement = ReasoningComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
+        check_reasoning_batch_arithmetic(cfg, *(placement.get_world_size(c) for c in ("rollout", "reward", "actor")),
+                                         str(config))
+        return
     RunPlan(cfg, str(config))  # placement, batch arithmetic, env spec, model: everything but starting workers
 
 

@@ -22,6 +22,7 @@ PICTURES = {  # tutorial -> the files it must draw into its output folder
     "01_placement": ["01_placement.png"],
     "03_rollout_pipeline": ["03_timeline_stage1.png", "03_timeline_stage2.png"],
     "06_full_run": ["runs/06_straight/learning_curve.png", "runs/06_straight/timeline.png"],
+    "07_reasoning": ["runs/07_reasoning/learning_curve.png"],
 }
 SECTIONS = ["What this stage does", "The code to read", "Run it", "What you should see", "The RLinf counterpart",
             "Exercise"]
@@ -51,7 +52,7 @@ def run_tutorial(path: Path, out: Path) -> tuple[subprocess.CompletedProcess, fl
 def test_every_tutorial_exists():
     names = {p.stem for p in TUTORIALS}
     assert {"00_overview", "01_placement", "02_weight_sync", "03_rollout_pipeline", "04_advantages", "05_training",
-            "06_full_run"} <= names
+            "06_full_run", "07_reasoning"} <= names
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])

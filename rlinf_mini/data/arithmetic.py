@@ -1,0 +1,53 @@
+"""The default reasoning task: two-operand addition, written as JSONL with RLinf's keys.
+
+    write_arithmetic_jsonl(cfg.data, train_path, val_path)     # {"prompt": "37+45=", "solutions": ["82"]} per line
+
+Train and held-out problems are disjoint (no (a, b) pair appears in both), drawn from `data.arithmetic.seed`.
+The entry writes the files when `data.dataset_name: arithmetic` and they are missing; any other JSONL with the
+configured prompt_key / answer_key works the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+from rlinf_mini.config import DataConfig
+
+
+def arithmetic_problems(max_operand: int, n: int, seed: int) -> list[tuple[int, int]]:
+    """`n` distinct operand pairs (a, b) from 0..max_operand, in a seeded random order."""
+    space = (max_operand + 1) ** 2
+    if n > space:
+        raise ValueError(f"data.arithmetic: {n} problems asked, but only {space} distinct pairs exist")
+    picks = random.Random(seed).sample(range(space), n)
+    return [(p // (max_operand + 1), p % (max_operand + 1)) for p in picks]
+
+
+def format_problem(a: int, b: int, shots: list[tuple[int, int]] = ()) -> tuple[str, str]:
+    """The prompt the model completes and its reference answer: ('37+45=', '82'); with `shots`, solved problems
+    come first, one per line ('12+35=47\n37+45=')."""
+    prefix = "".join(f"{x}+{y}={x + y}\n" for x, y in shots)
+    return f"{prefix}{a}+{b}=", str(a + b)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
+
+
+def write_arithmetic_jsonl(data: DataConfig, train_path: str | Path, val_path: str | Path) -> None:
+    """Write num_train train and num_val held-out problems (disjoint) with data.prompt_key / data.answer_key."""
+    a = data.arithmetic
+    pairs = arithmetic_problems(a.max_operand, a.num_train + a.num_val + a.few_shot, a.seed)
+    shots = pairs[a.num_train + a.num_val:]  # the same solved examples in every prompt, in no split
+    rows = []
+    for x, y in pairs[: a.num_train + a.num_val]:
+        prompt, answer = format_problem(x, y, shots)
+        rows.append({data.prompt_key: prompt, data.answer_key: [answer]})
+    _write_jsonl(Path(val_path), rows[: a.num_val])
+    _write_jsonl(Path(train_path), rows[a.num_val :])

@@ -1,0 +1,168 @@
+"""Stage 3' (reasoning) — rollout: prompts -> `group_size` sampled responses each, with the HF model's KV cache.
+
+    runner:   dataloader_channel.put({"prompt_ids", "answers", "first_sample_id"}, key=chunk)      per chunk
+    rollout:  rank r takes chunks r, r+W, ...: generate -> rollout_channel.put(result, key=chunk)   (to the reward)
+
+A chunk is `algorithm.rollout_batch_size_per_gpu` prompts, each repeated `group_size` times (a group's responses are
+consecutive). Prompts are left-padded to the chunk's longest (pad tokens get attention_mask 0 and the position ids
+restart at 0 on the first real token), then one forward pass fills the KV cache and each new token costs one step.
+Result per chunk (N = prompts x G responses): prompt_ids [N, P] (left-padded), prompt_mask [N, P], response_ids
+[N, R] (right-padded after <eos>), response_mask [N, R] (1 up to and including <eos>), logprobs [N, R] under
+softmax(logits / temperature), version, answers, first_sample_id.
+
+Randomness: token t of response n is drawn by inverse CDF from `counter_uniform(seed, n's global sample id, t)`, and
+chunks are cut the same way whatever the number of ranks, so 1 or 2 rollout ranks give identical responses.
+
+RLinf counterpart: `rlinf/workers/rollout/sglang/` and `vllm/` workers (`rollout`, `sync_model_from_actor`),
+`ReasoningRunner._put_batch`. Left out: continuous batching, repetition_penalty, min_new_tokens, chat templates.
+Next stage: `stages/reasoning_reward.py`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+
+from rlinf_mini.config import ReasoningSamplingParams, max_new_tokens
+from rlinf_mini.models.tiny_lm import load_causal_lm
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.worker import Worker
+from rlinf_mini.utils.seeding import counter_uniform
+from stages.reasoning_reward import decode_responses, math_reward
+from stages.sync import WeightBufferHandle, WeightReceiver
+
+
+def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (input_ids [N, P], attention_mask [N, P]), padded on the left to the longest."""
+    width = max(map(len, prompt_ids))
+    ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[N, L]: 0, 1, 2, ... over the real tokens; pads (left or right) repeat a neighbour's value and are masked."""
+    return (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def sample_tokens(logits: torch.Tensor, u: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Inverse-CDF sampling: logits [N, V] (already divided by the temperature), u [N] in (0, 1) -> tokens [N].
+    top_k / top_p keep the k most likely tokens / the smallest set whose probability reaches top_p (renormalized)."""
+    probs = torch.softmax(logits.float(), dim=-1)  # [N, V]
+    if top_k <= 0 and top_p >= 1.0:
+        cdf = probs.cumsum(dim=-1)  # [N, V] in vocab order: no sort needed
+        return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [N, V]
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    if top_k > 0:
+        keep[:, top_k:] = False
+    if top_p < 1.0:  # drop a token when the tokens before it already reach top_p (the first always stays)
+        keep &= (sorted_probs.cumsum(dim=-1) - sorted_probs) < top_p
+    cdf = (sorted_probs * keep).cumsum(dim=-1)  # [N, V]
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).clamp(max=probs.shape[-1] - 1)  # [N, 1]
+    return order.gather(-1, pick).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, sampling: ReasoningSamplingParams,
+             max_new: int, pad_id: int, eos_id: int, seed: int, greedy: bool = False) -> dict[str, torch.Tensor]:
+    """Sample one response per prompt (repeat prompts for groups). sample_ids [N]: each response's global id, the
+    stream of its noise. Stops at <eos> or after max_new tokens; returns the tensors of the module docstring."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))  # [N, P]
+    n = input_ids.shape[0]
+    prompt_mask = attention_mask
+    positions = position_ids_of(attention_mask)  # [N, P]
+    # transformers 5 names the KV cache `cache`; 4.x named it `past_key_values`
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)
+    cache, logits = out[cache_kw], out.logits[:, -1]  # [N, V]
+    next_pos = positions[:, -1] + 1  # [N]
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    tokens, logprobs, masks = [], [], []
+    for t in range(max_new):
+        scaled = logits.float() / sampling.temperature
+        if greedy or not sampling.do_sample:
+            token = scaled.argmax(dim=-1)
+        else:
+            u = counter_uniform(seed, sample_ids, t, 1)[:, 0].to(device)  # [N]
+            token = sample_tokens(scaled, u, sampling.top_k, sampling.top_p)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)  # [N]
+        logprob = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)  # [N]
+        masks.append(~finished)
+        tokens.append(token)
+        logprobs.append(torch.where(finished, torch.zeros_like(logprob), logprob))
+        finished = finished | (token == eos_id)
+        if bool(finished.all()) or t + 1 == max_new:
+            break
+        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)  # [N, P+t+1]
+        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
+                    use_cache=True, **{cache_kw: cache})
+        cache, logits = out[cache_kw], out.logits[:, -1]
+        next_pos = next_pos + 1
+    return {"prompt_ids": input_ids.cpu(), "prompt_mask": prompt_mask.cpu(),
+            "response_ids": torch.stack(tokens, dim=1).cpu(), "response_mask": torch.stack(masks, dim=1).long().cpu(),
+            "logprobs": torch.stack(logprobs, dim=1).float().cpu()}
+
+
+class ReasoningRolloutWorker(Worker):
+    def init_worker(self) -> WeightBufferHandle:
+        """Load the model (rollout.model.model_path, else the actor's) and its weight buffer; returns the handle."""
+        path = self.cfg.rollout.model.model_path or self.cfg.actor.model.model_path
+        self.model, self.tokenizer = load_causal_lm(path)
+        self.model.to(self.device)
+        self.receiver = WeightReceiver(self.model)
+        return self.receiver.handle()
+
+    def sync_model_from_actor(self, version: int) -> float:
+        return self.receiver.wait_for_version(version, timeout=self.cfg.cluster.timeout_s)
+
+    def _generate(self, prompt_ids: list[list[int]], sample_ids: torch.Tensor, greedy: bool) -> dict:
+        return generate(self.model, prompt_ids, sample_ids, self.cfg.algorithm.sampling_params,
+                        max_new_tokens(self.cfg), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
+                        self.cfg.actor.seed, greedy=greedy)
+
+    def rollout(self, input_channel: Channel, output_channel: Channel, num_chunks: int) -> dict[str, float]:
+        """Generate the chunks of this rank (c = rank, rank + W, ...), one result per chunk to the reward."""
+        if self.receiver.version < 0:
+            raise RuntimeError("rollout has no weights yet: call sync_model_from_actor first")
+        group = self.cfg.algorithm.group_size
+        start, n_tokens, n_responses = time.monotonic(), 0, 0
+        for c in range(self._rank, num_chunks, self._world_size):
+            msg = input_channel.get(key=("prompts", c), expected_from="the driver (ReasoningRunner)")
+            prompts = [p for p in msg["prompt_ids"] for _ in range(group)]  # each prompt G times, consecutive
+            sample_ids = msg["first_sample_id"] + torch.arange(len(prompts))
+            result = self._generate(prompts, sample_ids, greedy=False)
+            result |= {"answers": [a for a in msg["answers"] for _ in range(group)], "chunk": c,
+                       "version": self.receiver.version}
+            output_channel.put(result, key=("rollout", c))
+            n_tokens += int(result["response_mask"].sum())
+            n_responses += len(prompts)
+        seconds = time.monotonic() - start
+        return {"rollout/tokens": float(n_tokens), "rollout/responses": float(n_responses),
+                "time/rollout/generate": seconds}
+
+    def evaluate(self, prompt_ids: list[list[int]], answers: list[list[str]], chunk_size: int) -> list[float]:
+        """Greedy responses to this rank's share (i % W == rank) of the prompts, scored 1/0 by the math verifier;
+        returns [(index, correct)] flattened as floats."""
+        out = []
+        mine = list(range(self._rank, len(prompt_ids), self._world_size))
+        for s in range(0, len(mine), chunk_size):
+            idx = mine[s:s + chunk_size]
+            result = self._generate([prompt_ids[i] for i in idx], torch.tensor(idx), greedy=True)
+            texts = decode_responses(self.tokenizer, result["response_ids"], result["response_mask"])
+            for i, text in zip(idx, texts, strict=True):
+                out += [float(i), float(math_reward(text, answers[i], 1.0, 0.0))]
+        return out
+
+    def close(self) -> None:
+        if hasattr(self, "receiver"):
+            self.receiver.close()
+

@@ -1,0 +1,225 @@
+"""Stage 4'+5' (reasoning) — the actor: GRPO advantages per group over response tokens, then a token-level clipped
+update; data-parallel over the actor ranks.
+
+    actor.run_training(reward_channel, num_chunks)   # its share of the chunks -> advantages -> update -> metrics
+
+Actor rank a takes a contiguous block of the chunks, in chunk order (whatever order they arrive in), and stacks
+them: prompt_ids [N, P] left-padded, response_ids / response_mask / logprobs [N, R] right-padded, rewards [N].
+    advantages [N, R] = (r - mean_G(r)) / (std_G(r) + 1e-6) on every response token      (std unbiased, as RLinf)
+    old_logprobs      = the actor's own recomputation if algorithm.recompute_logprobs, else the rollout's
+    loss = loss_agg_func(clipped PPO token loss) + kl_beta * loss_agg_func(kl(logprobs, ref_logprobs))
+Log-probs come from one forward over prompt + response (attention_mask and position ids as in the rollout) with
+logits only for the response positions: log_softmax(logits / temperature) at the response tokens.
+
+RLinf counterpart: `rlinf/workers/actor/fsdp_actor_worker.py::FSDPActor` (run_training, compute_logprobs,
+sync_model_to_rollout), `rlinf/algorithms/advantages.py::compute_grpo_advantages`, `rlinf/algorithms/losses.py::
+compute_ppo_actor_loss` (loss_agg_func), `rlinf/algorithms/utils.py::kl_penalty`. Left out: FSDP/Megatron,
+dynamic batch sizes, entropy bonus, critic (PPO for reasoning).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from rlinf_mini.models.tiny_lm import load_causal_lm
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.worker import Worker
+from stages.losses import kl_penalty
+from stages.reasoning_rollout import position_ids_of
+from stages.sync import WeightBufferHandle, WeightSender
+from stages.train import compute_ppo_actor_loss
+
+
+def compute_grpo_token_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int
+                                  ) -> torch.Tensor:
+    """rewards [N] (N = groups x G, a group's responses consecutive), response_mask [N, R] -> advantages [N, R]."""
+    grouped = rewards.view(-1, group_size)  # [N/G, G]
+    scores = (grouped - grouped.mean(dim=-1, keepdim=True)) / (grouped.std(dim=-1, keepdim=True) + 1e-6)
+    return scores.reshape(-1, 1) * response_mask  # [N, R]
+
+
+def token_weights(response_mask: torch.Tensor, loss_agg_func: str) -> torch.Tensor:
+    """[N, R] weights w such that sum(loss * w) / sum(w) is the loss_agg_func of a token loss [N, R]."""
+    mask = response_mask.float()
+    if loss_agg_func == "seq-mean-token-mean":  # each response weighs 1, spread over its tokens
+        return mask / mask.sum(dim=-1, keepdim=True).clamp(min=1)
+    return mask  # token-mean; seq-mean-token-sum rescales this afterwards (agg_scale)
+
+
+def agg_scale(response_mask: torch.Tensor, loss_agg_func: str) -> float:
+    """seq-mean-token-sum = token-mean x (tokens / responses); the others need no rescaling."""
+    if loss_agg_func == "seq-mean-token-sum":
+        return float(response_mask.sum()) / response_mask.shape[0]
+    return 1.0
+
+
+def compute_response_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                              response_ids: torch.Tensor, response_mask: torch.Tensor,
+                              temperature: float) -> torch.Tensor:
+    """log pi(response token | prefix) [N, R], from one forward over [prompt | response] [N, P + R]."""
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [N, P+R]
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)  # [N, P+R]
+    R = response_ids.shape[1]
+    # logits at positions P-1 .. P+R-2 predict response tokens 0 .. R-1: keep the last R+1, drop the final one
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_of(attention_mask),
+                   logits_to_keep=R + 1).logits[:, :-1]  # [N, R, V]
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) * response_mask  # [N, R]
+
+
+def stack_chunks(chunks: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Chunks of different widths -> one batch: prompts left-padded to the widest P, responses right-padded to R."""
+    P = max(c["prompt_ids"].shape[1] for c in chunks)
+    R = max(c["response_ids"].shape[1] for c in chunks)
+
+    def pad(t: torch.Tensor, width: int, left: bool, value: float) -> torch.Tensor:
+        extra = width - t.shape[1]
+        return torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
+
+    return {
+        "prompt_ids": torch.cat([pad(c["prompt_ids"], P, True, pad_id) for c in chunks]),
+        "prompt_mask": torch.cat([pad(c["prompt_mask"], P, True, 0) for c in chunks]),
+        "response_ids": torch.cat([pad(c["response_ids"], R, False, pad_id) for c in chunks]),
+        "response_mask": torch.cat([pad(c["response_mask"], R, False, 0) for c in chunks]),
+        "logprobs": torch.cat([pad(c["logprobs"], R, False, 0.0) for c in chunks]),
+        "rewards": torch.cat([c["rewards"] for c in chunks]),
+        "versions": torch.tensor([float(c["version"]) for c in chunks for _ in range(len(c["rewards"]))]),
+    }
+
+
+class ReasoningActorWorker(Worker):
+    def init_worker(self) -> None:
+        """The model from actor.model.model_path (identical on every rank), AdamW, and a frozen reference copy when
+        kl_beta > 0."""
+        if self._world_size > 1:
+            self.init_collective(self.cfg.cluster.timeout_s)
+        self.model, self.tokenizer = load_causal_lm(self.cfg.actor.model.model_path)
+        self.model.to(self.device)
+        self.ref_model = copy.deepcopy(self.model).eval() if self.cfg.algorithm.kl_beta > 0 else None
+        o = self.cfg.actor.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
+                                           eps=o.adam_eps, weight_decay=o.weight_decay)
+        self.sender = WeightSender() if self._rank == 0 else None
+        self.global_step = 0
+
+    def sync_model_to_rollout(self, handles: list[WeightBufferHandle], version: int) -> dict[str, float]:
+        if self.sender is None:
+            return {}
+        start = time.monotonic()
+        nbytes = self.sender.send(self.model, handles, version)
+        return {"sync/bytes": float(nbytes), "sync/seconds": time.monotonic() - start}
+
+    def _logprobs(self, model, b: dict, idx: torch.Tensor) -> torch.Tensor:
+        return compute_response_logprobs(model, b["prompt_ids"][idx], b["prompt_mask"][idx], b["response_ids"][idx],
+                                         b["response_mask"][idx], self.cfg.algorithm.sampling_params.temperature)
+
+    def run_training(self, input_channel: Channel, num_chunks: int, global_step: int,
+                     reward_world_size: int) -> dict[str, float]:
+        """Receive this rank's chunks, compute advantages, and take global_batch_size-sized optimizer steps."""
+        cfg, algo = self.cfg.actor, self.cfg.algorithm
+        self.global_step = global_step
+        per_rank = num_chunks // self._world_size
+        mine = range(self._rank * per_rank, (self._rank + 1) * per_rank)
+        chunks = [input_channel.get(key=("reward", c), expected_from=f"{self.cfg.reward.group_name} rank "
+                                                                      f"{c % reward_world_size}") for c in mine]
+        start = time.monotonic()
+        b = {k: v.to(self.device) for k, v in stack_chunks(chunks, self.tokenizer.pad_token_id).items()}
+        if self.cfg.reward.permute_rewards:  # the control: rewards detached from the responses they scored
+            perm = torch.randperm(len(b["rewards"]), generator=torch.Generator().manual_seed(cfg.seed + global_step))
+            b["rewards"] = b["rewards"][perm.to(self.device)]
+        mask = b["response_mask"].float()  # [N, R]
+        b["advantages"] = compute_grpo_token_advantages(b["rewards"], mask, algo.group_size)
+        n = len(b["rewards"])
+        everything = torch.arange(n)
+        self.model.eval()
+        with torch.no_grad():  # old (and reference) log-probs, in micro-batches
+            mbs = cfg.micro_batch_size
+            if algo.recompute_logprobs:
+                b["logprobs"] = torch.cat([self._logprobs(self.model, b, everything[i:i + mbs])
+                                           for i in range(0, n, mbs)])
+            if self.ref_model is not None:
+                b["ref_logprobs"] = torch.cat([self._logprobs(self.ref_model, b, everything[i:i + mbs])
+                                               for i in range(0, n, mbs)])
+        per_rank_batch = cfg.global_batch_size // self._world_size
+        accum = per_rank_batch // cfg.micro_batch_size
+        totals: dict[str, float] = {}
+        count = 0
+        self.model.train()
+        for epoch in range(algo.update_epoch):
+            seed = ((cfg.seed * 1_000_003 + global_step) * 1009 + epoch) * 101 + self._rank  # resumes identically
+            gen = torch.Generator().manual_seed(seed)
+            perm = torch.randperm(n, generator=gen)
+            for s in range(0, n, per_rank_batch):
+                self.optimizer.zero_grad(set_to_none=True)
+                for m in range(accum):
+                    idx = perm[s + m * cfg.micro_batch_size: s + (m + 1) * cfg.micro_batch_size]
+                    loss, metrics = self._micro_batch_loss(b, idx)
+                    (loss / accum).backward()
+                    for k, v in metrics.items():
+                        totals[k] = totals.get(k, 0.0) + float(v)
+                    count += 1
+                self._average_gradients()
+                if cfg.optim.clip_grad > 0:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad)
+                    totals["actor/grad_norm"] = totals.get("actor/grad_norm", 0.0) + float(grad_norm) * accum
+                self.optimizer.step()
+        self.model.eval()
+        sums = self.all_reduce(torch.tensor([float(b["rewards"].sum()), float(n), float(mask.sum())],
+                                            device=self.device))
+        out = {f"train/{k}": v / count for k, v in sorted(totals.items())}
+        result = self.all_reduce(torch.tensor(list(out.values()), device=self.device)) / self._world_size
+        out = dict(zip(out, result.tolist(), strict=True))
+        out |= {"rollout/rewards": float(sums[0] / sums[1]), "rollout/response_length": float(sums[2] / sums[1]),
+                "rollout/staleness": float(global_step - b["versions"].mean()),
+                "time/actor/train": time.monotonic() - start}
+        return out
+
+    def _micro_batch_loss(self, b: dict, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        algo = self.cfg.algorithm
+        mask = b["response_mask"][idx]  # [n, R]
+        logprobs = self._logprobs(self.model, b, idx)  # [n, R]
+        w = token_weights(mask, algo.loss_agg_func)
+        scale = agg_scale(mask, algo.loss_agg_func)
+        # token level: every response token is one sample [n * R]; compute_ppo_actor_loss averages with its mask,
+        # so weights w (and a scale) turn that mean into loss_agg_func; its ratio / clip metrics are w-weighted too
+        pg_loss, metrics = compute_ppo_actor_loss(
+            logprobs.reshape(-1), b["logprobs"][idx].reshape(-1), b["advantages"][idx].reshape(-1), w.reshape(-1),
+            algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c)
+        loss = pg_loss * scale
+        metrics["actor/policy_loss"] = loss.detach()
+        if self.ref_model is not None:
+            kl = kl_penalty(logprobs, b["ref_logprobs"][idx], algo.kl_penalty_type)  # [n, R]
+            kl_loss = (kl * w).sum() / w.sum().clamp(min=1e-8) * scale
+            loss = loss + algo.kl_beta * kl_loss
+            metrics["actor/kl_loss"] = kl_loss.detach()
+        return loss, metrics
+
+    def _average_gradients(self) -> None:
+        """Mean of the ranks' gradients: one all-reduce of all gradients flattened (as stages/train.py does)."""
+        if self._world_size == 1:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = self.all_reduce(torch.cat([g.reshape(-1) for g in grads])) / self._world_size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def get_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def close(self) -> None:
+        if getattr(self, "sender", None) is not None:
+            self.sender.close()
+        self.close_collective()

@@ -1,0 +1,161 @@
+# %% [markdown]
+# # 07 — Reasoning: prompts → sampled responses → a verifier's reward → GRPO → new weights
+#
+# Run it: `python tutorials/07_reasoning.py` (about a minute on a 2-core CPU: it warm-starts a tiny GPT-2, takes one
+# step apart, then trains 20 steps). Every stated fact is an `assert` in the cell after it.
+#
+# ## What this stage does, and why RLinf has it
+#
+# RLinf's other half trains language models on math with a rule-based reward (`runner.task_type: reasoning`,
+# `examples/reasoning/main_grpo.py`). Same runtime as the embodied run — Cluster, placement, worker groups,
+# channels, weight sync, checkpoints — but the data is prompts, an episode is one response, and the reward comes
+# from checking the answer:
+#
+#     prompts ──► rollout: G responses per prompt (KV cache, sampled) ──► reward: verify each answer (±1)
+#        ──► actor: advantage = (r − group mean) / group std on every response token ──► clipped update ──► sync
+#
+# No critic: the G responses to the same prompt are each other's baseline (GRPO). The rollout, reward and actor
+# groups are started together and pass chunks of groups over channels, so a chunk is scored while the next one is
+# still being generated.
+#
+# ## The code to read
+#
+# - `stages/reasoning_rollout.py`: `generate` (left padding, position ids, the KV-cache loop, inverse-CDF sampling
+#   from `counter_uniform`, log-probs), `ReasoningRolloutWorker.rollout` / `evaluate`.
+# - `stages/reasoning_reward.py`: `extract_answer`, `answers_equal`, `math_reward`, `ReasoningRewardWorker`.
+# - `stages/reasoning_train.py`: `compute_grpo_token_advantages`, `compute_response_logprobs`, the loss
+#   (`compute_ppo_actor_loss` from `stages/train.py`, token by token), `ReasoningActorWorker.run_training`.
+# - `rlinf_mini/reasoning_runner.py::ReasoningRunner.step`, `rlinf_mini/data/`, `rlinf_mini/models/tiny_lm.py`.
+
+# %%
+import torch
+from workbench import OUT, ROOT, check_exercise, matches
+
+from rlinf_mini.config import load_config
+from rlinf_mini.data.prompt_dataset import PromptDataset
+from rlinf_mini.models.make_tiny_lm import create_tiny_lm
+from rlinf_mini.models.tiny_lm import load_causal_lm
+from stages.reasoning_reward import decode_responses, math_reward
+from stages.reasoning_rollout import generate
+from stages.reasoning_train import compute_grpo_token_advantages, compute_response_logprobs
+
+torch.set_num_threads(1)  # a 0.1 M-parameter model: one thread is the fastest
+RUNS = OUT / "runs"
+argv = ["--config", str(ROOT / "configs/math.yaml"), "--runner.logger.log-path", str(RUNS),
+        "--runner.logger.experiment-name", "07_reasoning", "--actor.model.model-path", str(OUT / "tiny_lm"),
+        "--data.train-data-paths", str(OUT / "data/train.jsonl"), "--data.val-data-paths", str(OUT / "data/val.jsonl"),
+        "--runner.max-epochs", "20", "--runner.val-check-interval", "20", "--runner.save-interval", "-1"]
+cfg = load_config(argv)
+losses = create_tiny_lm(cfg, str(OUT / "tiny_lm"))  # writes the JSONL files, then 550 supervised steps (~10 s)
+model, tokenizer = load_causal_lm(OUT / "tiny_lm")
+train = PromptDataset.from_jsonl(cfg.data.train_data_paths, cfg.data, tokenizer)
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters; supervised loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+print("a train prompt:", repr(train.prompts[0]), "answers:", train.answers[0])
+assert losses[-1] < losses[0] / 5  # the warm start learned the format (right about half the time: see below)
+
+# %% [markdown]
+# ## Run it
+#
+# One group: the first train prompt, G = 8 times, sampled at temperature 1. Each response's noise is
+# `counter_uniform(seed, sample id, token index)`, a hash: the same sample id gives the same response in any
+# batch, on any rank. A second prompt of another length rides along to show the left padding.
+
+# %%
+G = cfg.algorithm.group_size
+short = min(range(len(train)), key=lambda i: len(train.prompt_ids[i]))  # e.g. '3+4=': shorter than prompt 0
+prompts = [train.prompt_ids[0]] * G + [train.prompt_ids[short]]
+out = generate(model, prompts, torch.arange(G + 1), cfg.algorithm.sampling_params, 4, tokenizer.pad_token_id,
+               tokenizer.eos_token_id, seed=cfg.actor.seed)
+texts = decode_responses(tokenizer, out["response_ids"], out["response_mask"])
+rewards = torch.tensor([math_reward(t, train.answers[0]) for t in texts[:G]])  # [G]: +1 right, -1 wrong
+advantages = compute_grpo_token_advantages(rewards, out["response_mask"][:G].float(), G)  # [G, R]
+for text, r, a, m in zip(texts, rewards, advantages, out["response_mask"], strict=False):
+    print(f"{text!r:>8} reward {float(r):+.0f}  advantage per token {a.tolist()}  mask {m.tolist()}")
+
+# %% [markdown]
+# ## What you should see
+#
+# **The mask covers each response up to and including its `<eos>`**, and the tokens after it are padding.
+# **Within the group the advantages sum to zero** on every token position that all responses share, right answers
+# positive, wrong ones negative (if the group has both; a group where all agree teaches nothing: advantage 0).
+
+# %%
+mask = out["response_mask"][:G]
+for ids, m in zip(out["response_ids"][:G], mask, strict=True):
+    n = int(m.sum())
+    assert m[:n].all() and not m[n:].any()
+    assert ids[n - 1] == tokenizer.eos_token_id or n == mask.shape[1]
+first = advantages[:, 0]  # every response has a first token
+assert abs(float(first.sum())) < 1e-4
+assert ((first > 0) == (rewards > 0)).all() or (rewards == rewards[0]).all()
+
+# %% [markdown]
+# **The prompts are left-padded and the positions count real tokens only.** The second prompt is shorter, so
+# its row starts with pad tokens (attention mask 0). **The actor's recomputation — one forward pass over
+# prompt + response, logits for the response positions only — gives the rollout's log-probs** to 1e-5; that is
+# what makes the PPO ratio start at exactly 1.
+
+# %%
+lengths = out["prompt_mask"].sum(dim=1)  # [G + 1] real prompt tokens per row
+n_pad = int(lengths[0] - lengths[G])
+assert n_pad > 0 and (out["prompt_ids"][G, :n_pad] == tokenizer.pad_token_id).all()
+assert not out["prompt_mask"][G, :n_pad].any() and out["prompt_mask"][G, n_pad:].all()
+with torch.no_grad():
+    recomputed = compute_response_logprobs(model, out["prompt_ids"], out["prompt_mask"], out["response_ids"],
+                                           out["response_mask"], cfg.algorithm.sampling_params.temperature)
+assert torch.allclose(recomputed, out["logprobs"], atol=1e-5)
+
+# %% [markdown]
+# **Training raises held-out exact match.** The whole run through the runtime: `ReasoningRunPlan` (placement of
+# actor, rollout and reward; batch arithmetic; datasets), then the three groups and `ReasoningRunner`, 20 steps
+# of 16 prompts × 8 responses, evaluated greedily on the 256 held-out sums before and after.
+
+# %%
+from rlinf_mini.train import ReasoningRunPlan, build_and_run
+
+plan = ReasoningRunPlan(cfg, "07_reasoning")
+history = build_and_run(cfg, plan)
+accuracy = [h["eval/accuracy"] for h in history if "eval/accuracy" in h]
+print(f"held-out exact match: {accuracy[0]:.3f} before -> {accuracy[-1]:.3f} after {len(history) - 1} steps")
+assert accuracy[-1] >= accuracy[0] + 0.05
+assert (plan.run_dir / "learning_curve.png").is_file()
+
+# %% [markdown]
+# ## The RLinf counterpart
+#
+# - `rlinf/runners/reasoning_runner.py::ReasoningRunner.run` (`_put_batch`, `_sync_weights`, rollout ∥ reward ∥
+#   actor over channels) → `rlinf_mini/reasoning_runner.py`
+# - `rlinf/workers/rollout/` (SGLang / vLLM engines) → `stages/reasoning_rollout.py::generate` on the HF model
+# - `rlinf/workers/reward/reward_worker.py`, `rlinf/algorithms/rewards/math/` → `stages/reasoning_reward.py`
+# - `rlinf/algorithms/advantages.py::compute_grpo_advantages`, `rlinf/algorithms/losses.py`,
+#   `rlinf/workers/actor/fsdp_actor_worker.py` → `stages/reasoning_train.py`
+# - `rlinf/data/datasets/reasoning/dataset.py` (prompt_key / answer_key) → `rlinf_mini/data/`
+#
+# ## Exercise
+#
+# Write GRPO's token advantages: `my_grpo_advantages(rewards [N], response_mask [N, R], group_size)` → [N, R]:
+# each response's reward minus its group's mean, divided by the group's (unbiased) std + 1e-6, on every token of
+# the response and 0 on padding. Replace the body; the cases include a group whose rewards all agree.
+
+# %%
+def my_grpo_advantages(rewards, response_mask, group_size):
+    # EXERCISE: replace the line below with your own code.
+    return compute_grpo_token_advantages(rewards, response_mask, group_size)
+
+
+def case(seed: int, groups: int, G: int, R: int):
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 2, (groups * G,), generator=g).float() * 2 - 1
+    mask = (torch.arange(R) < torch.randint(1, R + 1, (groups * G, 1), generator=g)).float()
+    return rewards, mask, G
+
+
+CASES = [case(1, 2, 4, 3), case(2, 3, 8, 5), case(3, 1, 2, 1), (torch.ones(4), torch.ones(4, 2), 4)]
+check_exercise(my_grpo_advantages, compute_grpo_token_advantages, CASES)
+
+
+def forgets_the_mask(rewards, response_mask, group_size):
+    return compute_grpo_token_advantages(rewards, torch.ones_like(response_mask), group_size)
+
+
+assert not matches(forgets_the_mask, compute_grpo_token_advantages, CASES)  # a wrong answer fails
