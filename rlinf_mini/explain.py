@@ -301,9 +301,39 @@ def describe(cfg: TrainConfig, placement: HybridComponentPlacement | None, num_g
     return lines
 
 
+def explain_reasoning(cfg: TrainConfig, source: str, num_gpus: int | None = None) -> tuple[str, str | None]:
+    """The reasoning plan (runner.task_type: reasoning): placement of rollout, reward and actor, and the batch
+    arithmetic of one step (nothing is made: no data, no model folder)."""
+    from rlinf_mini.config import check_reasoning_batch_arithmetic
+    from stages.placement import ReasoningComponentPlacement
+
+    lines = [f"plan for {source} (computed only: no process started)"]
+    try:
+        validate_config(cfg, source)
+        placement = ReasoningComponentPlacement(cfg.cluster.component_placement, num_devices(cfg, num_gpus))
+        sizes = {c: placement.get_world_size(c) for c in ("rollout", "reward", "actor")}
+        lines += ["placement:", *("  " + ln for ln in placement.describe().splitlines())]
+        lines.append("world sizes: " + ", ".join(f"{c} {n}" for c, n in sizes.items()))
+        check_reasoning_batch_arithmetic(cfg, sizes["rollout"], sizes["reward"], sizes["actor"], source)
+        check_precision(cfg, gpu_count() if num_gpus is None else num_gpus, source)
+    except (ConfigError, PlacementError) as e:
+        message = str(e).splitlines()[0]
+        lines.append(f"breaks: {message.removeprefix(source + ': ')}")
+        return "\n".join(lines), message
+    prompts, group = cfg.data.rollout_batch_size, cfg.algorithm.group_size
+    responses = prompts * group
+    lines += [f"rollout batch: data.rollout_batch_size x algorithm.group_size = {prompts} x {group} = {responses} "
+              f"responses, in chunks of {cfg.algorithm.rollout_batch_size_per_gpu} prompts",
+              f"{responses} / global_batch_size {cfg.actor.global_batch_size} = "
+              f"{responses // cfg.actor.global_batch_size} optimizer steps per update epoch", "all checks pass"]
+    return "\n".join(lines), None
+
+
 def explain(cfg: TrainConfig, source: str, num_gpus: int | None = None) -> tuple[str, str | None]:
     """The plan as text, and the first failing check's one-line message (None when every check passes).
     `num_gpus` fakes the GPU count (tests); None: this machine's."""
+    if cfg.runner.task_type == "reasoning":
+        return explain_reasoning(cfg, source, num_gpus)
     error: Exception | None = None
     placement = None
     try:

@@ -145,12 +145,18 @@ def _max_device(placement: dict) -> int | None:
     return max(numbers) if numbers else None
 
 
+# Keys that only the reasoning half reads: in an embodied file they are ignored (with IGNORED's reason), not carried.
+REASONING_ONLY = ("algorithm.sampling_params.", "algorithm.loss_agg_func", "algorithm.recompute_logprobs",
+                  "algorithm.rollout_batch_size_per_gpu", "data.", "reward.", "runner.seq_length")
+
+
 class Port:
     """The verdicts on one RLinf file and the tree rlinf_mini reads."""
 
     def __init__(self, file: str | Path):
         self.file = Path(file)
         self.rlinf = read_yaml_tree(self.file)
+        self.reasoning = (self.rlinf.get("runner") or {}).get("task_type") == "reasoning"
         self.tree: dict = {}
         self.carried: list[tuple[str, Any]] = []
         self.replaced: list[tuple[str, Any, Any, str]] = []  # path, RLinf value, rlinf_mini value, why
@@ -161,7 +167,8 @@ class Port:
         self._replace_what_is_not_here()
 
     def _one(self, path: str, value: Any) -> None:
-        if _known(path, value) and not _simulator_argument(path):
+        embodied_skips = not self.reasoning and path.startswith(REASONING_ONLY)
+        if _known(path, value) and not _simulator_argument(path) and not embodied_skips:
             single: dict = {}
             _set(single, path, value)
             try:
@@ -263,14 +270,14 @@ class Port:
 
 
 def verdict(path: str, value: Any = 1) -> str:
-    """What rlinf_mini does with one RLinf key, in a few words (for the key table)."""
+    """What rlinf_mini does with one RLinf key of an embodied config, in a few words (for the key table)."""
     generic = _generic(path)
     if generic in ("actor.model.model_type", "actor.model.model_path", "rollout.model.model_path",
                    "actor.model.obs_dim", "actor.model.action_dim", "env.*.env_type", "env.*.init_params.id"):
         return "carried when rlinf_mini has it; else replaced (the fake env / tiny VLA stand in)"
     if generic in ("actor.model.precision", "rollout.model.precision"):
         return "carried if '32', else replaced by '32' (float32 only)"
-    if _known(path, value) and ".init_params." not in path:
+    if _known(path, value) and ".init_params." not in path and not path.startswith(REASONING_ONLY):
         return "carried (same name, same meaning)"
     return f"ignored: {why}" if (why := _ignored(path)) else "dropped: no counterpart"
 

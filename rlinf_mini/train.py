@@ -109,14 +109,23 @@ class ReasoningRunPlan:
     arithmetic, the arithmetic JSONL and the model folder (made when missing), the prompt datasets."""
 
     def __init__(self, cfg: TrainConfig, source: str):
+        import torch
+
         from rlinf_mini.config import check_reasoning_batch_arithmetic
         from rlinf_mini.data.prompt_dataset import PromptDataset
         from rlinf_mini.models.make_tiny_lm import create_tiny_lm, ensure_arithmetic_data
         from rlinf_mini.models.tiny_lm import load_tokenizer
+        from rlinf_mini.scheduler import devices
         from stages.placement import ReasoningComponentPlacement
 
         self.cfg = cfg
-        self.placement = ReasoningComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
+        self.num_gpus = torch.cuda.device_count()
+        self.num_devices = devices.resolve_num_devices(cfg.cluster.num_devices, self.num_gpus)  # -1: every GPU
+        self.placement = ReasoningComponentPlacement(cfg.cluster.component_placement, self.num_devices)
+        check_precision(cfg, self.num_gpus, source)
+        self.device_plan = devices.device_plan(
+            {c: self.placement.get_strategy(c) for c in ("rollout", "reward", "actor")}, self.num_devices,
+            self.num_gpus, devices.visible_gpus(os.environ, self.num_gpus))
         self.world_sizes = {c: self.placement.get_world_size(c) for c in ("actor", "rollout", "reward")}
         check_reasoning_batch_arithmetic(cfg, self.world_sizes["rollout"], self.world_sizes["reward"],
                                          self.world_sizes["actor"], source)
@@ -130,6 +139,9 @@ class ReasoningRunPlan:
             else:
                 create_tiny_lm(cfg, path)
         tokenizer = load_tokenizer(path)
+        # /dev/shm the rollout's weight buffers take (stages/sync.py: one per rollout rank): the model's weights
+        self.weight_bytes = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+        self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
         self.train_set = PromptDataset.from_jsonl(cfg.data.train_data_paths, cfg.data, tokenizer)
         self.val_set = PromptDataset.from_jsonl(cfg.data.val_data_paths, cfg.data, tokenizer, "data.val_data_paths")
         if cfg.data.rollout_batch_size > len(self.train_set):

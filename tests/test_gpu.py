@@ -31,7 +31,8 @@ from rlinf_mini.scheduler import devices, shm
 from stages.placement import HybridComponentPlacement
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")  # the embodied ones (env, rollout, actor)
+                 if "task_type: reasoning" not in p.read_text())
 COMPONENTS = ("env", "rollout", "actor")
 
 GPU_REASON = ("needs RLINF_MINI_TEST_GPU=1 and a CUDA GPU" if os.environ.get("RLINF_MINI_TEST_GPU") != "1"

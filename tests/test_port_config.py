@@ -262,7 +262,7 @@ def test_port_reports_every_key_once_and_replaces_the_missing_simulator(tmp_path
     assert {"env.train.env_type", "env.train.init_params.id", "actor.model.obs_dim", "runner.logger.logger_backends",
             "env.eval.auto_reset", "env.eval.video_cfg.save_video", "cluster.num_devices"} <= replaced
     assert {"hydra.searchpath", "actor.fsdp_config.strategy", "algorithm.kl_penalty", "runner.logger.project_name",
-            "runner.only_eval", "rollout.backend", "reward.use_reward_model"} <= ignored
+            "runner.only_eval", "rollout.backend", "reward.use_reward_model"} <= ignored  # reasoning-only here
     assert "env.train.init_params.sim_config.sim_freq" in ignored and port.dropped == []
     cfg = port.config()
     assert cfg.env.train.env_type == "fake" and cfg.env.train.init_params.id == "FakeReach-v0"

@@ -153,13 +153,14 @@ class DevicePlan:
 
 def device_plan(strategies: dict[str, PlacementStrategy], num_devices: int, num_gpus: int,
                 visible: list[str] | None = None, grad_bytes: int = 0) -> DevicePlan:
-    """Devices, the actor's collective and the weight-sync path of placed components ("env", "rollout", "actor":
-    the strategies of stages/placement.py for `num_devices` devices) on `num_gpus` GPUs (0 = CPU).
+    """Devices, the actor's collective and the weight-sync path of placed components (the strategies of
+    stages/placement.py for `num_devices` devices: "env", "rollout", "actor", or "rollout", "reward", "actor" for
+    reasoning) on `num_gpus` GPUs (0 = CPU).
 
     `visible` defaults to GPUs '0'..'num_gpus-1' (what an unset CUDA_VISIBLE_DEVICES means)."""
     visible = [str(i) for i in range(num_gpus)] if visible is None else visible[:num_gpus]
     comps = []
-    for name in ("env", "rollout", "actor"):
+    for name in strategies:
         devs = tuple(p.devices for p in strategies[name].placements)
         comps.append(ComponentDevices(name, devs, tuple(gpus_of_rank(d, visible) for d in devs)))
     by_name = {c.component: c for c in comps}
