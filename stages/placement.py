@@ -192,22 +192,23 @@ class ComponentPlacement:
         return "\n".join(lines)
 
 
+def _require_exactly(placement: ComponentPlacement, names: tuple[str, ...], kind: str) -> None:
+    """PlacementError unless `placement` places exactly the components `names` (the `kind` of run needs them)."""
+    for name in names:
+        if name not in placement.components:
+            raise PlacementError(f"cluster.component_placement.{name}: missing; the {kind} placement needs "
+                                 f"{', '.join(names)} (placed: {', '.join(placement.components)})")
+    for name in placement.components:
+        if name not in names:
+            raise PlacementError(f"cluster.component_placement: unknown component {name!r} (known: {', '.join(names)})")
+
+
 class HybridComponentPlacement(ComponentPlacement):
     """The embodied placement: requires components 'actor', 'rollout' and 'env' (missing one -> PlacementError)."""
 
     def __init__(self, component_placement: dict[str, str], num_devices: int):
         super().__init__(component_placement, num_devices)
-        for name in ("actor", "rollout", "env"):
-            if name not in self._strategies:
-                raise PlacementError(
-                    f"cluster.component_placement.{name}: missing; the embodied placement needs actor, rollout "
-                    f"and env (placed: {', '.join(self.components)})"
-                )
-        for name in self.components:
-            if name not in ("actor", "rollout", "env"):
-                raise PlacementError(
-                    f"cluster.component_placement: unknown component {name!r} (known: actor, rollout, env)"
-                )
+        _require_exactly(self, ("actor", "rollout", "env"), "embodied")
 
 
 class ReasoningComponentPlacement(ComponentPlacement):
@@ -216,14 +217,4 @@ class ReasoningComponentPlacement(ComponentPlacement):
 
     def __init__(self, component_placement: dict[str, str], num_devices: int):
         super().__init__(component_placement, num_devices)
-        for name in ("actor", "rollout", "reward"):
-            if name not in self._strategies:
-                raise PlacementError(
-                    f"cluster.component_placement.{name}: missing; the reasoning placement needs actor, rollout "
-                    f"and reward (placed: {', '.join(self.components)})"
-                )
-        for name in self.components:
-            if name not in ("actor", "rollout", "reward"):
-                raise PlacementError(
-                    f"cluster.component_placement: unknown component {name!r} (known: actor, rollout, reward)"
-                )
+        _require_exactly(self, ("actor", "rollout", "reward"), "reasoning")

@@ -90,9 +90,11 @@ def test_large_arguments_and_results_travel_whole_through_shared_memory_blobs(cl
     assert echo.mirror(small).wait() == [(0, "s"), (1, "s")]  # both kinds, one after the other, in order
     assert echo.execute_on(1).mirror(big * 40).wait() == [(1, (big * 40)[::-1])]
     segments = set(SHM_DIR.glob(f"{PREFIX}{cluster.run_id}_msg_*"))
-    for _ in range(5):
+    for _ in range(20):
         assert echo.mirror(big).wait() == [(0, big[::-1]), (1, big[::-1])]
-    assert set(SHM_DIR.glob(f"{PREFIX}{cluster.run_id}_msg_*")) == segments
+    # the pools grow with the blobs in flight at once (one per rank), not with the number of calls: 20 calls of 2
+    # blobs each way add at most one segment per rank (whether one was needed depends on who read first)
+    assert len(set(SHM_DIR.glob(f"{PREFIX}{cluster.run_id}_msg_*")) - segments) <= 2
 
 
 def test_many_calls_in_flight_return_in_order_without_deadlock(echo):

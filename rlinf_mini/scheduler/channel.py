@@ -72,8 +72,7 @@ class Channel:
             raise ChannelClosed(str(e)) from None
         if not ok:
             who = f", expected from {expected_from}" if expected_from else ""
-            raise ChannelTimeout(f"channel {self.name!r} key {key!r}: nothing arrived within "
-                                 f"{time.monotonic() - start:.0f} s{who}")
+            raise ChannelTimeout(f"channel {self.name!r} key {key!r}: nothing arrived within {timeout:g} s{who}")
         return item
 
     def qsize(self, key: Hashable = DEFAULT_KEY) -> int:
