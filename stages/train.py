@@ -4,14 +4,11 @@
     actor.compute_advantages_and_returns()           # stage 4 on this rank's columns; whitened over all ranks
     actor.run_training()                             # calls update_policy: epochs -> global batches -> micro-batches
 
-`update_policy(policy, optimizer, flat, cfg, ...)` is the update as a plain function over flat tensors [N, ...]: one
-optimizer step per global_batch_size / W samples per rank, in micro-batches whose (loss / accumulation) gradients
-add up; with W > 1 ranks `average_gradients` (one all-reduce of the flat gradient, `Worker.all_reduce`) runs before
-each step, what DDP does without its wrapper. The losses are in `stages/losses.py`.
-
+`update_policy(policy, optimizer, flat, cfg, ...)`: the update as a plain function over flat tensors [N, ...]; one
+optimizer step per global_batch_size / W samples per rank, micro-batch gradients added up, then with W > 1 ranks one
+all-reduce of the flat gradient (`Worker.all_reduce`: DDP without its wrapper). Losses: `stages/losses.py`.
 RLinf counterpart: `rlinf/workers/actor/fsdp_actor_worker.py::EmbodiedFSDPActor` (recv_rollout_trajectories,
-compute_advantages_and_returns, run_training, train_micro_batch, sync_model_to_rollout). Left out: FSDP sharding,
-LoRA, offload, LR schedules, critic warm-up. Next: the runner's next step (`rlinf_mini/runner.py`).
+compute_advantages_and_returns, run_training, train_micro_batch). Left out: FSDP, LoRA, offload, LR schedules.
 """
 
 from __future__ import annotations
