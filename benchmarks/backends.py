@@ -10,14 +10,12 @@ machine's drift hits both alike; the table shows the spread of the ratio and the
 from __future__ import annotations
 
 import queue
-import statistics
-import tempfile
 import time
 
 import torch
 
-from benchmarks.measure import Row
-from rlinf_mini.config import ClusterConfig, load_config
+from benchmarks.measure import Row, median_call_s, runner_rollout_rate
+from rlinf_mini.config import ClusterConfig
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.scheduler.placement import PlacementStrategy, ProcessPlacement
@@ -42,14 +40,9 @@ def _strategy(ranks: int) -> PlacementStrategy:
     return PlacementStrategy("bench", tuple(ProcessPlacement(r, (r % 2,)) for r in range(ranks)))
 
 
-def _call_rtt_us(group, ranks: int, n: int) -> float:
+def _call_us(group, ranks: int, n: int) -> float:
     call = group.execute_on(0).noop if ranks == 1 else group.noop
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call().wait()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return median_call_s(lambda: call().wait(), n) * 1e6
 
 
 def _channel_rate(cluster, group, n: int, large: bool) -> float:
@@ -66,13 +59,7 @@ def _channel_rate(cluster, group, n: int, large: bool) -> float:
 
 
 def _direct_call_us(n: int) -> float:
-    worker = BenchWorker.__new__(BenchWorker)
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        worker.noop()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return median_call_s(BenchWorker.__new__(BenchWorker).noop, n) * 1e6
 
 
 def _queue_rate(n: int, large: bool) -> float:
@@ -102,7 +89,7 @@ def calls_and_channels(n_calls: int, n_small: int, n_large: int, reps: int = 3) 
                 group = BenchWorker.create_group(None).launch(cluster, _strategy(4), name="Bench")
                 group.noop().wait()  # start-up
                 for ranks in (1, 4):
-                    measured[(backend, f"call{ranks}")] = _call_rtt_us(group, ranks, n_calls)
+                    measured[(backend, f"call{ranks}")] = _call_us(group, ranks, n_calls)
                 measured[(backend, "small")] = _channel_rate(cluster, group, n_small, False)
                 measured[(backend, "large")] = _channel_rate(cluster, group, n_large, True) * mb
             finally:
@@ -129,31 +116,11 @@ def calls_and_channels(n_calls: int, n_small: int, n_large: int, reps: int = 3) 
 
 
 def runner_rollout(config: str, steps: int, reps: int = 3) -> list[Row]:
-    """The runner's rollout phase (env steps / time/generate_rollouts, median over `steps` steps after a warm-up)
-    on each backend, `reps` runs each, interleaved; the ratio is against the local backend of the same round."""
-    from rlinf_mini.train import RunPlan, launch
-
+    """The runner's rollout phase (measure.runner_rollout_rate) on each backend, `reps` runs each, interleaved; the
+    ratio is against the local backend of the same round."""
     rounds: dict[str, list[dict]] = {b: [] for b in BACKENDS}
     for _ in range(reps):
-        rate = {}
-        for backend in BACKENDS:
-            with tempfile.TemporaryDirectory(prefix="bench_backend_") as log_path:
-                cfg = load_config(["--config", config, "--runner.logger.log_path", log_path, "--runner.no-progress-bar",
-                                   "--runner.log_interval", "1000", "--runner.val_check_interval", "-1",
-                                   "--runner.save_interval", "-1", "--runner.no-trace", "--cluster.backend", backend])
-                plan = RunPlan(cfg, config)
-                plan.run_dir.mkdir(parents=True)
-                cluster = Cluster(cfg.cluster)
-                try:
-                    runner = launch(cfg, plan, cluster)
-                    runner.init_workers()
-                    runner.max_steps = steps + 1
-                    history = runner.run()[1:]  # the first step warms up
-                finally:
-                    cluster.shutdown()
-            train = cfg.env.train
-            env_steps = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
-            rate[backend] = env_steps / statistics.median(h["time/generate_rollouts"] for h in history)
+        rate = {b: runner_rollout_rate(config, steps, "--cluster.backend", b) for b in BACKENDS}
         for backend in BACKENDS:
             rounds[backend].append({"ours": rate[backend], "baseline": rate["local"],
                                     "ratio": rate[backend] / rate["local"]})

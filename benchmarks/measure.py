@@ -9,6 +9,7 @@ start-up costs, not throughput).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import secrets
@@ -64,6 +65,49 @@ class Row:
             return None
         op, value = self.target.split()
         return self.ratio >= float(value) if op == ">=" else self.ratio <= float(value)
+
+
+def median_call_s(call, n: int) -> float:
+    """Median wall seconds of `n` calls of `call()` (a group call with its wait, a bare Ray call, ...)."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@contextlib.contextmanager
+def started_runner(config: str, *overrides: str):
+    """A runner of `config` to measure: no eval, no checkpoints, no progress bar, a temporary run folder, its worker
+    groups launched (not yet initialized); the cluster is shut down on exit. Yields (cfg, plan, runner)."""
+    from rlinf_mini.config import load_config
+    from rlinf_mini.scheduler.cluster import Cluster
+    from rlinf_mini.train import RunPlan, launch
+
+    with tempfile.TemporaryDirectory(prefix="bench_runner_") as log_path:
+        cfg = load_config(["--config", config, "--runner.logger.log_path", log_path, "--runner.no-progress-bar",
+                           "--runner.log_interval", "1000", "--runner.val_check_interval", "-1",
+                           "--runner.save_interval", "-1", *overrides])
+        plan = RunPlan(cfg, config)
+        plan.run_dir.mkdir(parents=True)
+        cluster = Cluster(cfg.cluster)
+        try:
+            yield cfg, plan, launch(cfg, plan, cluster)
+        finally:
+            cluster.shutdown()
+
+
+def runner_rollout_rate(config: str, steps: int, *overrides: str) -> float:
+    """The runner's rollout env steps/s (env steps / time/generate_rollouts), median over `steps` steps after a
+    warm-up step, tracer off."""
+    with started_runner(config, "--runner.no-trace", *overrides) as (cfg, _, runner):
+        runner.init_workers()
+        runner.max_steps = steps + 1
+        history = runner.run()[1:]  # the first step warms up
+    train = cfg.env.train
+    env_steps = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
+    return env_steps / statistics.median(h["time/generate_rollouts"] for h in history)
 
 
 def _free_port() -> int:
@@ -265,12 +309,7 @@ def group_call(h: Hosts, n: int, reps: int) -> list[Row]:
             _, queue_rtt = h.both(("queue_echo", "@q_out", "@q_in", n), ("queue_pinger", "@q_in", "@q_out", n))
             for ranks in (1, 4):
                 call = group.execute_on(0).noop if ranks == 1 else group.noop
-                times = []
-                for _ in range(n):
-                    start = time.perf_counter()
-                    call().wait()
-                    times.append(time.perf_counter() - start)
-                rtt = statistics.median(times) * 1e6
+                rtt = median_call_s(lambda call=call: call().wait(), n) * 1e6
                 rounds[ranks].append({"ours": rtt, "baseline": queue_rtt * 1e6, "ratio": rtt})
     finally:
         cluster.shutdown()
@@ -358,24 +397,13 @@ def runner_and_tracing(steps: int, config: str, reps: int = 1) -> list[Row]:
     tracer on, interleaved with as many with it off (interleaving cancels the drift of a shared machine); then, in
     this process while the workers wait, the plain loops (same calls, one batch). (reps defaults to 1 for
     benchmarks/gpu.py, which calls it with (steps, config).)"""
-    from rlinf_mini.config import load_config
-    from rlinf_mini.scheduler.cluster import Cluster
-    from rlinf_mini.train import RunPlan, launch
-
     per_round = max(1, steps // reps)
     rounds, span_counts = [], []
-    with tempfile.TemporaryDirectory(prefix="bench_runner_") as log_path:
-        cfg = load_config(["--config", config, "--runner.logger.log_path", log_path,
-                           "--runner.no-progress-bar", "--runner.log_interval", "1000",
-                           "--runner.val_check_interval", "-1", "--runner.save_interval", "-1"])
-        plan = RunPlan(cfg, config)
-        plan.run_dir.mkdir(parents=True)
+    with started_runner(config) as (cfg, plan, runner):
         train = cfg.env.train
         batches = plan.world_sizes["env"] * cfg.rollout.pipeline_stage_num
         loop_steps = train.max_steps_per_rollout_epoch * 4
-        cluster = Cluster(cfg.cluster)
         try:
-            runner = launch(cfg, plan, cluster)
             runner.write_trace = lambda: None  # the files are not what is measured here
             runner.init_workers()
             for rnd in range(reps + 1):  # round 0: one warm-up step
@@ -404,7 +432,6 @@ def runner_and_tracing(steps: int, config: str, reps: int = 1) -> list[Row]:
         finally:
             tracer.enable(False)
             tracer.drain()
-            cluster.shutdown()
     env_steps_per_step = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
     tracer.enable()  # the estimate: spans per step x the cost of one span
     start = time.perf_counter()

@@ -14,15 +14,13 @@ medians (calls) or best of 3 (throughput) after a warm-up.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import tempfile
 import time
 
 import ray
 import torch
 
-from benchmarks.measure import Row
+from benchmarks.measure import Row, median_call_s, runner_rollout_rate
 from rlinf_mini.config import ClusterConfig
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.cluster import Cluster
@@ -74,15 +72,6 @@ class _Bare:
         return None
 
 
-def _median_s(call, n: int) -> float:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _strategy(devices: str, num_devices: int = 2):
     return ComponentPlacement({"p": devices}, num_devices).get_strategy("p")
 
@@ -98,9 +87,9 @@ def group_calls_and_channels(n_calls: int, n_large: int, n_small: int) -> list[R
         for ranks in (1, 4):
             ours = group.execute_on(0).noop if ranks == 1 else group.noop
             ours().wait()
-            ours_s = _median_s(lambda ours=ours: ours().wait(), n_calls)
+            ours_s = median_call_s(lambda ours=ours: ours().wait(), n_calls)
             actors = bare[:ranks]
-            bare_s = _median_s(lambda actors=actors: ray.get([a.noop.remote() for a in actors]), n_calls)
+            bare_s = median_call_s(lambda actors=actors: ray.get([a.noop.remote() for a in actors]), n_calls)
             rows.append(Row(f"ray: group call round trip, no-op on {ranks} rank{'s' * (ranks > 1)}", "us",
                             ours_s * 1e6, bare_s * 1e6, "bare Ray actor call" + (" x4" if ranks > 1 else ""),
                             ratio=ours_s / bare_s, ratio_of="ours/bare", target="<= 2",
@@ -132,35 +121,6 @@ def group_calls_and_channels(n_calls: int, n_large: int, n_small: int) -> list[R
     return rows
 
 
-def runner_rate(steps: int, backend: str, config: str = "configs/embodied_mlp.yaml") -> float:
-    """The runner's rollout env steps/s (env steps / time in generate_rollouts), median over `steps` steps after a
-    warm-up step, on `backend`."""
-    from rlinf_mini.config import load_config
-    from rlinf_mini.train import RunPlan, launch
-
-    rates = []
-    with tempfile.TemporaryDirectory(prefix="bench_ray_runner_") as log_path:
-        cfg = load_config(["--config", config, "--runner.logger.log_path", log_path, "--runner.no-progress-bar",
-                           "--runner.log_interval", "1000", "--runner.val_check_interval", "-1",
-                           "--runner.save_interval", "-1", "--cluster.backend", backend])
-        plan = RunPlan(cfg, config)
-        plan.run_dir.mkdir(parents=True)
-        cluster = Cluster(cfg.cluster)
-        try:
-            runner = launch(cfg, plan, cluster)
-            runner.init_workers()
-            train = cfg.env.train
-            env_steps = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
-            for i in range(steps + 1):
-                runner.max_steps = runner.global_step + 1
-                last = runner.run()[-1]
-                if i:
-                    rates.append(env_steps / last["time/generate_rollouts"])
-        finally:
-            cluster.shutdown()
-    return statistics.median(rates)
-
-
 def ray_rows(mode: str = "quick") -> list[Row]:
     from rlinf_mini.scheduler.ray_backend import _import_roots
 
@@ -170,10 +130,10 @@ def ray_rows(mode: str = "quick") -> list[Row]:
              runtime_env={"env_vars": {"PYTHONPATH": _import_roots()}})
     try:
         rows = group_calls_and_channels(n_calls, n_large, n_small)
-        ours = runner_rate(steps, "ray")
+        ours = runner_rollout_rate("configs/embodied_mlp.yaml", steps, "--cluster.backend", "ray")
     finally:
         ray.shutdown()
-    local = runner_rate(steps, "local")
+    local = runner_rollout_rate("configs/embodied_mlp.yaml", steps, "--cluster.backend", "local")
     rows.append(Row("ray: runner rollout env steps/s (embodied_mlp)", "steps/s", ours, local, "local backend",
                     ratio=ours / local, ratio_of="ours/local", note=f"median of {steps} steps"))
     return rows
