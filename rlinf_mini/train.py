@@ -35,26 +35,32 @@ from rlinf_mini.config import (
 from rlinf_mini.scheduler import faults
 
 
+def _place(plan, cfg: TrainConfig, source: str, placement_cls, components: tuple[str, ...]) -> None:
+    """A run's devices and placement, both kinds of run: the GPUs seen, num_devices resolved (-1: every GPU), the
+    placement of `components`, their world sizes and the device plan that --explain prints; precision checked."""
+    import torch
+
+    from rlinf_mini.scheduler import devices
+
+    plan.num_gpus = torch.cuda.device_count()
+    plan.num_devices = devices.resolve_num_devices(cfg.cluster.num_devices, plan.num_gpus)
+    plan.placement = placement_cls(cfg.cluster.component_placement, plan.num_devices)
+    check_precision(cfg, plan.num_gpus, source)
+    plan.device_plan = devices.device_plan({c: plan.placement.get_strategy(c) for c in components}, plan.num_devices,
+                                           plan.num_gpus, devices.visible_gpus(os.environ, plan.num_gpus))
+    plan.world_sizes = {c: plan.placement.get_world_size(c) for c in components}
+
+
 class RunPlan:
     """Everything decided before any process starts: the placement, the world sizes, the run folder."""
 
     def __init__(self, cfg: TrainConfig, source: str):
-        import torch
-
         from rlinf_mini.envs import get_env_spec
         from rlinf_mini.models import build_policy
-        from rlinf_mini.scheduler import devices
         from stages.placement import HybridComponentPlacement
 
         self.cfg = cfg
-        self.num_gpus = torch.cuda.device_count()
-        self.num_devices = devices.resolve_num_devices(cfg.cluster.num_devices, self.num_gpus)  # -1: every GPU
-        self.placement = HybridComponentPlacement(cfg.cluster.component_placement, self.num_devices)
-        check_precision(cfg, self.num_gpus, source)
-        self.device_plan = devices.device_plan(
-            {c: self.placement.get_strategy(c) for c in ("env", "rollout", "actor")}, self.num_devices,
-            self.num_gpus, devices.visible_gpus(os.environ, self.num_gpus))
-        self.world_sizes = {c: self.placement.get_world_size(c) for c in ("env", "rollout", "actor")}
+        _place(self, cfg, source, HybridComponentPlacement, ("env", "rollout", "actor"))
         check_batch_arithmetic(cfg, self.world_sizes["env"], self.world_sizes["rollout"],
                                self.world_sizes["actor"], source)
         spec = get_env_spec(cfg.env.train, "env.train")
@@ -109,24 +115,14 @@ class ReasoningRunPlan:
     arithmetic, the arithmetic JSONL and the model folder (made when missing), the prompt datasets."""
 
     def __init__(self, cfg: TrainConfig, source: str):
-        import torch
-
         from rlinf_mini.config import check_reasoning_batch_arithmetic
         from rlinf_mini.data.prompt_dataset import PromptDataset
         from rlinf_mini.models.make_tiny_lm import create_tiny_lm, ensure_arithmetic_data
         from rlinf_mini.models.tiny_lm import load_tokenizer
-        from rlinf_mini.scheduler import devices
         from stages.placement import ReasoningComponentPlacement
 
         self.cfg = cfg
-        self.num_gpus = torch.cuda.device_count()
-        self.num_devices = devices.resolve_num_devices(cfg.cluster.num_devices, self.num_gpus)  # -1: every GPU
-        self.placement = ReasoningComponentPlacement(cfg.cluster.component_placement, self.num_devices)
-        check_precision(cfg, self.num_gpus, source)
-        self.device_plan = devices.device_plan(
-            {c: self.placement.get_strategy(c) for c in ("rollout", "reward", "actor")}, self.num_devices,
-            self.num_gpus, devices.visible_gpus(os.environ, self.num_gpus))
-        self.world_sizes = {c: self.placement.get_world_size(c) for c in ("actor", "rollout", "reward")}
+        _place(self, cfg, source, ReasoningComponentPlacement, ("rollout", "reward", "actor"))
         check_reasoning_batch_arithmetic(cfg, self.world_sizes["rollout"], self.world_sizes["reward"],
                                          self.world_sizes["actor"], source)
         ensure_arithmetic_data(cfg)

@@ -42,6 +42,22 @@ def write_config(tmp_path: Path, base: str = "configs/embodied_mlp.yaml", **sect
     return path
 
 
+def marked_processes(var: str, marker: str) -> dict[int, bytes]:
+    """Live processes whose environment holds var=marker (every process a run starts inherits it): pid -> cmdline."""
+    needle = f"{var}={marker}\0".encode()
+    found = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if needle in Path(entry.path, "environ").read_bytes():
+                    state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state != "Z":
+                        found[int(entry.name)] = Path(entry.path, "cmdline").read_bytes()
+            except OSError:
+                continue
+    return found
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_processes_or_shm():
     before = set(os.listdir(SHM_DIR))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, write_config
+from conftest import ROOT, marked_processes, write_config
 from toy_workers import EchoWorker
 
 from rlinf_mini.config import ClusterConfig
@@ -101,18 +101,7 @@ class Run:
 
 
 def _marked(marker: str) -> dict[int, bytes]:
-    needle = f"{MARKER_VAR}={marker}\0".encode()
-    found = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if needle in Path(entry.path, "environ").read_bytes():
-                    state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
-                    if state != "Z":
-                        found[int(entry.name)] = Path(entry.path, "cmdline").read_bytes()
-            except OSError:
-                continue
-    return found
+    return marked_processes(MARKER_VAR, marker)
 
 
 class _Started:

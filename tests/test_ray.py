@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,7 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]'
 import ray  # noqa: E402
 import ray.cluster_utils  # noqa: E402
 import torch  # noqa: E402
-from conftest import ROOT, write_config  # noqa: E402
+from conftest import ROOT, marked_processes, write_config  # noqa: E402
 from test_pipeline import SMALL, cat_ranks, small_cfg  # noqa: E402
 from toy_workers import BrokenWorker, EchoWorker  # noqa: E402
 
@@ -215,19 +214,9 @@ def test_num_nodes_beyond_the_ray_cluster_is_refused(ray_cluster):
 
 
 def _marked(marker: str) -> list[str]:
-    """Processes whose environment holds the marker (every process the run started inherits it)."""
-    needle = f"RLINF_MINI_TEST_RAY_RUN={marker}\0".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if needle in Path(entry.path, "environ").read_bytes():
-                    state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
-                    if state != "Z":
-                        found.append(Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80])
-            except OSError:
-                continue
-    return found
+    """The command lines of the processes the run started (each inherits the marker), cut to 80 characters."""
+    procs = marked_processes("RLINF_MINI_TEST_RAY_RUN", marker).values()
+    return [cmd.replace(b"\0", b" ").decode()[:80] for cmd in procs]
 
 
 def test_ctrl_c_leaves_no_actor_and_no_ray_process(tmp_path):
