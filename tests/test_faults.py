@@ -237,9 +237,18 @@ def test_hang_becomes_a_timeout_naming_the_channel_key_and_the_producer(runs, na
     run = runs[name]
     assert run.returncode == 1
     (line,) = error_lines(run.stderr)
-    # inline: ranks take turns, and the hung env keeps its turn. If the actor's call had begun (it waits in its get),
-    # its timeout reports as on local; if not, it cannot begin, and the driver's timeout names who holds the turn.
-    if name.endswith("inline") and "raised in" not in line:
+    # inline: ranks take turns, and the hung env keeps its turn. A rank already waiting in its get when the env hung
+    # (the rollout for observations, or the actor for trajectories) reports its ChannelTimeout naming the env, as on
+    # local; if none was, none can begin, and the driver's timeout names who holds the turn.
+    if name.endswith("inline") and "raised in" in line:
+        assert re.search(r"error: (ActorGroup rank \d raised in recv_rollout_trajectories|RolloutGroup rank \d raised "
+                         r"in generate)\(\)", line), run.stderr
+        assert re.search(r"ChannelTimeout: channel '\w+\.\w+' key .*: nothing arrived within 8 s, expected from "
+                         r"EnvGroup rank 0", run.stderr), run.stderr
+        assert 8 <= run.exit_time - fault_time(run.stderr) < 8 + 10
+        assert_clean_end(run, inline=True)
+        return
+    if name.endswith("inline"):
         assert re.search(r"error: ActorGroup\.recv_rollout_trajectories\(\) did not return from rank\(s\) \[\d\] "
                          r"within 13 s .*; on the inline backend EnvGroup rank 0 has held the turn for \d+ s, in "
                          r"interact\(\)", line), run.stderr
