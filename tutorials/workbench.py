@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -37,34 +37,73 @@ if _main is not None and Path(getattr(_main, "__file__", "/")).resolve().parent 
     del _main.__file__
 
 
-def _same(got, want, atol: float) -> bool:
+def _first_difference(got, want, atol: float, where: str = "") -> str | None:
+    """None if `got` equals `want` (tensors: allclose within atol), else one line naming the first place that differs:
+    a tensor's first differing index with both values, a shape, a length, or a type."""
     if isinstance(want, torch.Tensor):
-        return isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(
-            got.double(), want.double(), atol=atol, rtol=0)
+        if not isinstance(got, torch.Tensor):
+            return f"{where or 'the result'} is a {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}"
+        if got.shape != want.shape:
+            return f"{where or 'the result'} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        bad = ~torch.isclose(got.double(), want.double(), atol=atol, rtol=0)
+        if not bad.any():
+            return None
+        index = tuple(int(i) for i in bad.nonzero()[0])  # the first in row-major order
+        return (f"{where or 'the result'}[{', '.join(map(str, index))}] = {got[index].item():.6g}, expected "
+                f"{want[index].item():.6g} ({int(bad.sum())} of {bad.numel()} elements differ)")
     if isinstance(want, (tuple, list)):
-        return isinstance(got, (tuple, list)) and len(got) == len(want) and all(
-            _same(g, w, atol) for g, w in zip(got, want, strict=True))
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            size = len(got) if isinstance(got, (tuple, list)) else type(got).__name__
+            return f"{where or 'the result'} has {size} items, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            if (diff := _first_difference(g, w, atol, f"{where or 'the result'}[{i}]")) is not None:
+                return diff
+        return None
     if isinstance(want, float):
-        return isinstance(got, (int, float)) and abs(got - want) <= atol
-    return got == want
+        same = isinstance(got, (int, float)) and abs(got - want) <= atol
+    else:
+        same = got == want
+    return None if same else f"{where or 'the result'} = {got!r}, expected {want!r}"
 
 
-def matches(yours: Callable, reference: Callable, cases: Sequence[tuple], atol: float = 1e-5) -> bool:
+def _describe(value) -> str:
+    """A case's input in one short line: tensors by shape and first values, configs by their class."""
+    if isinstance(value, torch.Tensor):
+        head = ", ".join(f"{v:.4g}" for v in value.flatten()[:6].tolist())
+        return f"tensor{tuple(value.shape)}[{head}{', ...' if value.numel() > 6 else ''}]"
+    if isinstance(value, (tuple, list)) and len(value) <= 8:
+        return "(" + ", ".join(_describe(v) for v in value) + ")"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{type(value).__name__}(...)"
+
+
+def _named(cases: Sequence[tuple] | Mapping[str, tuple]) -> list[tuple[str, tuple]]:
+    if isinstance(cases, Mapping):
+        return list(cases.items())
+    return [(f"case {i}", case) for i, case in enumerate(cases)]
+
+
+def matches(yours: Callable, reference: Callable, cases: Sequence[tuple] | Mapping[str, tuple],
+            atol: float = 1e-5) -> bool:
     """True if `yours(*case)` equals `reference(*case)` (tensors: allclose within atol) for every case."""
-    return all(_same(yours(*case), reference(*case), atol) for case in cases)
+    return all(_first_difference(yours(*case), reference(*case), atol) is None for _, case in _named(cases))
 
 
-def check_exercise(yours: Callable, reference: Callable, cases: Sequence[tuple], atol: float = 1e-5) -> None:
-    """Compare the learner's function with the reference on every case; raise AssertionError at the first that
-    differs, else print how many cases matched (and whether the body is still the shipped reference call)."""
-    for i, case in enumerate(cases):
+def check_exercise(yours: Callable, reference: Callable, cases: Sequence[tuple] | Mapping[str, tuple],
+                   atol: float = 1e-5) -> None:
+    """Compare the learner's function with the reference on every case (a list, or a dict of named cases); raise
+    AssertionError at the first that differs, naming the case, its inputs and the first index that differs; else print
+    how many cases matched (and whether the body is still the shipped reference call)."""
+    named = _named(cases)
+    for name, case in named:
         got, want = yours(*case), reference(*case)
-        if not _same(got, want, atol):
-            raise AssertionError(f"exercise {yours.__name__}: case {i} differs from the reference\n"
-                                 f"  yours:    {got}\n  expected: {want}")
+        if (diff := _first_difference(got, want, atol)) is not None:
+            inputs = ", ".join(_describe(v) for v in case)
+            raise AssertionError(f"exercise {yours.__name__}: {name} differs from the reference: {diff}\n"
+                                 f"  inputs: {inputs}")
     try:
         shipped = reference.__name__ in inspect.getsource(yours)
     except (OSError, TypeError):
         shipped = False
     note = " (its body still calls the reference: replace it with your own)" if shipped else ""
-    print(f"exercise {yours.__name__}: matches the reference on {len(cases)} cases{note}")
+    print(f"exercise {yours.__name__}: matches the reference on {len(named)} cases{note}")
