@@ -134,7 +134,8 @@ class _Started:
             if self.exit_time is None:
                 self.exit_time = time.time()
             return
-        self.spawned |= {pid for pid, cmd in _marked(self.marker).items() if b"multiprocessing.spawn" in cmd}
+        # the ranks, forked by the run's fork server (scheduler/local.py), and the server itself
+        self.spawned |= {pid for pid, cmd in _marked(self.marker).items() if b"multiprocessing.forkserver" in cmd}
         pending = self.case.signals[len(self.signal_times):]
         ready = (self.run_dir / "checkpoints").is_dir() and find_latest_checkpoint(self.run_dir) is not None
         if pending and ready and (not self.signal_times or time.time() - self.signal_times[-1] > 0.5):

@@ -136,7 +136,7 @@ def test_kill9_of_a_rank_is_reported_within_10s_naming_group_and_rank(two_nodes)
     group = launch_echo(two_nodes, "0-1", 2, "Echo")  # rank 0 on node 0, rank 1 on node 1
     infos = group.info().wait()
     assert sorted(alive_actors()) == ["_RankActor", "_RankActor"]  # the check below can fail
-    assert [i["rank"] for i in infos] == [0, 1] and not any(i["torch_before_pinning"] for i in infos)
+    assert [i["rank"] for i in infos] == [0, 1] and not any(i["cuda_before_pinning"] for i in infos)
     assert [i["cuda_visible"] for i in infos] == ["", ""]  # Ray's own CUDA_VISIBLE_DEVICES was replaced by ours
     pending = group.sleep(30)
     os.kill(infos[1]["pid"], signal.SIGKILL)

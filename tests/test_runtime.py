@@ -47,7 +47,7 @@ def test_processes_are_pinned_to_their_virtual_device(cluster, echo):
         assert info["cores"] == cluster.device_cores(info["rank"])
         assert info["threads"] == len(info["cores"])
         assert info["cuda_visible"] == ""  # no GPU: CUDA is hidden, the device is a CPU share
-        assert info["torch_before_pinning"] is False  # pinned and configured before torch was imported
+        assert info["cuda_before_pinning"] is False  # pinned before anything initialized CUDA
 
 
 def test_execute_on_selects_ranks_for_one_call(echo):

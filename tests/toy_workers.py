@@ -21,7 +21,7 @@ class EchoWorker(Worker):
         return {"rank": self._rank, "world_size": self._world_size, "group": self._group_name, "tag": self.tag,
                 "cores": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
                 "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "calls": self.calls, "pid": os.getpid(),
-                "torch_before_pinning": self._torch_before_pinning}
+                "cuda_before_pinning": self._cuda_before_pinning}
 
     def add(self, a, b=0):
         return a + b + self._rank

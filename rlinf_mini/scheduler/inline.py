@@ -138,7 +138,7 @@ class InlineRanks(GroupRanks):
         turn.take()
         try:
             worker = build_worker(spec, device, lambda timeout_s: _Member(self.collective, spec.rank))
-            worker._torch_before_pinning = False  # nothing to pin: the driver's process
+            worker._cuda_before_pinning = False  # nothing to pin: the driver's process
             ready: Result = (0, spec.rank, True, None)
         except BaseException:
             import traceback

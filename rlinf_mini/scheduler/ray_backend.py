@@ -307,7 +307,8 @@ class _RankActor:
             return ip, str(s.getsockname()[1])
 
     def start(self, spec_bytes: bytes, master: tuple[str, str]) -> tuple[Result, int]:
-        torch_before_pinning = "torch" in sys.modules  # must stay False: tests check that pinning came first
+        # must stay False (tests check that pinning came first): CUDA reads CUDA_VISIBLE_DEVICES when it initializes
+        cuda_before_pinning = "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized()
         spec: RankSpec = pickle.loads(spec_bytes)  # bytes, so that Ray's unpickling of the arguments imports nothing
         ip, port = master
         env = {**spec.env, "MASTER_ADDR": ip, "MASTER_PORT": port, "LOCAL_RANK": "0",
@@ -332,7 +333,7 @@ class _RankActor:
             device = torch.device("cuda:0" if spec.gpus else "cpu")
             self.worker = build_worker(spec, device, lambda timeout_s: TorchDistCollective(
                 spec.rank, spec.world_size, device, timeout_s))
-            self.worker._torch_before_pinning = torch_before_pinning
+            self.worker._cuda_before_pinning = cuda_before_pinning
             return (0, spec.rank, True, None), os.getpid()
         except BaseException:
             import traceback
