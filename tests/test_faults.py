@@ -138,6 +138,8 @@ class _Started:
         self.spawned |= {pid for pid, cmd in _marked(self.marker).items() if b"multiprocessing.forkserver" in cmd}
         pending = self.case.signals[len(self.signal_times):]
         ready = (self.run_dir / "checkpoints").is_dir() and find_latest_checkpoint(self.run_dir) is not None
+        if self.case.fault and "kind=hang" in self.case.fault:  # signal a run that hangs, not one about to
+            ready = ready and "[rlmini fault]" in Path(self.err.name).read_text()
         if pending and ready and (not self.signal_times or time.time() - self.signal_times[-1] > 0.5):
             self.signal_times.append(time.time())
             self.proc.send_signal(pending[0])

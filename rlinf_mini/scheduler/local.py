@@ -108,12 +108,25 @@ def _mp_context():
         # The server outlives a Cluster (the next one in this process reuses it) but not the driver: at exit, close
         # its lifeline and wait until it is gone, so that nothing of the run is left when the driver's exit is seen.
         # (A killed driver cannot: the server then ends by itself at the lifeline's end-of-file.)
-        atexit.register(multiprocessing.forkserver._forkserver._stop)
+        atexit.register(_end_fork_server)
         _server_stop_registered = True
     return ctx
 
 
 _server_stop_registered = False
+
+
+def _end_fork_server() -> None:
+    """SIGKILL the fork server and reap it. Its ranks are gone by now (the cluster stopped them) and it holds no state;
+    left to end at its lifeline's end-of-file, its interpreter teardown (torch loaded) took ~1 s at exit."""
+    import multiprocessing.forkserver
+
+    server = multiprocessing.forkserver._forkserver  # the stdlib keeps one per process; it has no public stop
+    if server._forkserver_pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            server._stop()  # closes the lifeline and reaps the server
 
 
 class LocalBackend(Backend):
@@ -239,6 +252,7 @@ class LocalRanks(GroupRanks):
             if proc.exitcode is None:
                 with contextlib.suppress(OSError):
                     os.kill(proc.pid, signal.SIGKILL)
+        _end_fork_server()  # the driver exits next, skipping atexit (os._exit); a later Cluster starts a new one
 
 
 # ---------------------------------------------------------------------------------------------------------------------
