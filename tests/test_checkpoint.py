@@ -111,17 +111,24 @@ def test_checkpoint_folder_is_complete_or_absent(runs):
     assert find_latest_checkpoint(run_dir) == ckpt
 
 
-def _children_of(pid: int) -> list[int]:
+def _children_of(pid: int) -> list[tuple[int, bytes]]:
+    """Live children of `pid`: (pid, cmdline)."""
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        cmdline = (stat.parent / "cmdline").read_bytes() if (stat.parent / "cmdline").exists() else b""
-        if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:  # workers, not the tracker
-            out.append(int(stat.parent.name))
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append((int(stat.parent.name), cmdline))
     return out
+
+
+def _workers_of(driver: int) -> list[int]:
+    """The run's rank processes: the children of its fork server (scheduler/local.py), and the server itself."""
+    servers = [p for p, cmd in _children_of(driver) if b"multiprocessing.forkserver" in cmd]
+    return servers + [p for server in servers for p, _ in _children_of(server)]
 
 
 def test_ctrl_c_stops_every_worker_and_keeps_the_last_checkpoint(tmp_path):
@@ -134,8 +141,8 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_last_checkpoint(tmp_path):
     while find_latest_checkpoint(run_dir) is None if (run_dir / "checkpoints").is_dir() else True:
         assert time.monotonic() < deadline and proc.poll() is None, "the run did not reach its first checkpoint"
         time.sleep(0.2)
-    workers = _children_of(proc.pid)
-    assert len(workers) == 3  # env, rollout, actor
+    workers = _workers_of(proc.pid)
+    assert len(workers) == 1 + 3  # the fork server; env, rollout, actor
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
     _, err = proc.communicate(timeout=30)

@@ -285,7 +285,7 @@ def cli_runs(tmp_path_factory) -> dict[str, CliRun]:
         for name, (proc, marker, *_) in started.items():
             if proc.poll() is None:  # a worker takes seconds to start: polling every 0.1 s cannot miss it
                 spawned[name] |= {pid: cmd for pid, cmd in marked_processes(marker).items()
-                                  if "multiprocessing.spawn" in cmd}
+                                  if "multiprocessing.forkserver" in cmd}  # the fork server and its ranks
         time.sleep(0.1)
     runs = {}
     for name, (proc, marker, out, err, tmp) in started.items():
