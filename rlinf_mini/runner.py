@@ -205,6 +205,7 @@ class EmbodiedRunner:
         if self.global_step <= self.TRACE_FILE_STEPS:
             self.trace_spans += spans
             self.last_step_window = (step[4], step[5])
+            self.last_traced_step = self.global_step  # the step number metrics.jsonl logs it under
         return tracer.step_metrics(spans, step[4], step[5], window=(gen[0][4], gen[0][5]) if gen else None)
 
     def write_trace(self) -> None:
@@ -212,9 +213,8 @@ class EmbodiedRunner:
         tracer.write_chrome_trace(self.trace_spans, self.run_dir / "trace.json")
         t0, t1 = self.last_step_window
         last = [s for s in self.trace_spans if s[5] > t0 and s[4] < t1]
-        tracer.write_timeline_png(last, self.run_dir / "timeline.png",
-                                  title=f"one training step (rlinf_mini, pipeline_stage_num="
-                                        f"{self.cfg.rollout.pipeline_stage_num})")
+        tracer.write_timeline_png(last, self.run_dir / "timeline.png", step=self.last_traced_step,
+                                  title=f"rlinf_mini, pipeline_stage_num={self.cfg.rollout.pipeline_stage_num}")
 
     def _due(self, interval: int) -> bool:
         return interval > 0 and (self.global_step % interval == 0 or self.global_step == self.max_steps)
