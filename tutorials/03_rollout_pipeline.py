@@ -155,8 +155,9 @@ assert traj["rewards"].abs().sum() > 0  # a real rollout: the policy moved, rewa
 # Now replay the actor's trajectory by hand: the same 16 envs, built in this process, reset, and stepped with the
 # recorded actions, one chunk at a time. Each `chunk_step` executes C = 2 env steps and returns a reward and the
 # termination and truncation flags per env step ([16, 2]); the trajectory's reward of a chunk step is the sum of
-# its two, its done is "either env step ended the episode", and the time limit did truncate episodes in this run.
-# 8 chunk steps made 16 env steps per env.
+# its two, its done is "either env step ended the episode", and the time limit did truncate episodes in this run
+# (with `auto_reset`, the default, a sub-env whose episode ended starts the next one at once). 8 chunk steps made 16
+# env steps per env.
 
 # %%
 from rlinf_mini.envs import make_env
@@ -174,6 +175,7 @@ for t in range(T):
 env.close()
 print(f"{T} chunk steps = {env_steps} env steps per env; {truncated} truncations")
 assert env_steps == ENV_STEPS == cfg2.env.train.max_steps_per_rollout_epoch and truncated > 0
+assert cfg2.env.train.auto_reset
 
 # %% [markdown]
 # ### The default model: one inference of the tiny VLA
@@ -241,7 +243,9 @@ print("\n".join(str(p) for p in pictures.values()))
 #
 # The pictures: `03_timeline_stage1.png` shows the env row (blue `env_step`) and the rollout row (orange `inference`)
 # taking strict turns, each waiting (thin grey bars) while the other works. `03_timeline_stage2.png` shows them
-# working at the same time, on alternating stages (a later stage is a lighter shade).
+# working at the same time, on alternating stages (a later stage is a lighter shade). The env's waits for actions
+# are what a run logs each step as the pipeline **bubble**, `time/trace/bubble/env_waits` (a fraction of
+# `generate_rollouts`): two stages shrink it.
 
 # %%
 from matplotlib import colors as mcolors
@@ -267,6 +271,15 @@ assert overlap(spans_of[1]) < 0.1 * T * E  # strict turns
 assert overlap(spans_of[2]) > 0.3 * T * E  # overlapped
 for p in pictures.values():
     assert p.read_bytes()[:4] == b"\x89PNG"
+
+
+def env_bubble(spans) -> float:
+    t0, t1 = min(s[4] for s in spans), max(s[5] for s in spans)
+    return tracer.step_metrics(spans, t0, t1, window=(t0, t1))["time/trace/bubble/env_waits"]
+
+
+print(f"time/trace/bubble/env_waits: {env_bubble(spans_of[1]):.2f} (S=1), {env_bubble(spans_of[2]):.2f} (S=2)")
+assert env_bubble(spans_of[2]) < env_bubble(spans_of[1])
 
 # %% [markdown]
 # ## What the pipeline overlaps, and why the actor waits (RLinf#485)
