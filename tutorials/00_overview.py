@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 00 — Overview: one RL step on one page
 #
-# Run it: `python tutorials/00_overview.py` (about 20 s on a 2-core CPU, most of it starting and stopping worker
+# Run it: `python tutorials/00_overview.py` (about 30 s on a 2-core CPU, most of it starting and stopping worker
 # processes), or open it as a notebook (`jupytext --to notebook tutorials/00_overview.py`, or open the .py file in
 # Jupyter with jupytext installed). Every sentence below that states a fact is checked by an `assert` in the cell
 # after it. The words these tutorials use (env step, chunk step, rollout_epoch, staleness, ...) are defined one line
@@ -156,7 +156,7 @@ print(f"build_and_run took {wall:.1f} s, of which the {len(history)} steps {step
 #   processes, and waiting for a busy CPU to wake a process up slows it most.
 # - **The actor does most of the work, not the rollout.** The tracer (`time/trace/busy/*`: the share of the step a
 #   worker spent working rather than waiting) shows the actor busy for a larger share of the step than the env and
-#   the rollout together: the MLP and the fake env cost ~0.1 ms a call, so 16 envs × 8 env steps are cheap, while
+#   the rollout together: the MLP and the fake env are tiny, so 16 envs × 8 env steps are cheap, while
 #   the actor makes `algorithm.update_epoch` = 4 passes over the step's 128 samples in global batches of 64: 8
 #   optimizer steps on micro batches, each followed, with 2 actor ranks, by a gradient all-reduce between the two
 #   processes. (With a real simulator and a VLA the rollout's work usually dominates: 03 emulates that with

@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 03 — The rollout pipeline: env and policy take turns over two queues, overlapped
 #
-# Run it: `python tutorials/03_rollout_pipeline.py` (about 30 s on a 2-core CPU, most of it starting worker
-# processes twice). Every stated fact is an `assert` in the cell after it. Terms (chunk step, env step, stage,
+# Run it: `python tutorials/03_rollout_pipeline.py` (about 40 s on a 2-core CPU: it starts the worker processes
+# twice). Every stated fact is an `assert` in the cell after it. Terms (chunk step, env step, stage,
 # bootstrap, truncation, ...): [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
@@ -64,15 +64,16 @@ MLP = str(ROOT / "configs/embodied_mlp.yaml")
 # also end by truncation), started twice: once with `pipeline_stage_num` 1, once with 2. Each time we make the
 # runner's own calls — sync the weights, `generate_rollouts` — and fetch the trajectories the actor received.
 #
-# The MLP and the fake env take ~0.1 ms a call: too little to see overlap (a message costs about as much). So both
-# runs also set the two latency knobs, which stand for the work of a real setup: `env.train.step_latency_s` (a
-# simulator: the env process waits this long per env step) and `rollout.policy_latency_s` (a policy on a GPU or a
-# server: the rollout process waits this long per inference). Both are sleeps: work done elsewhere while the worker
-# process waits, RLinf's setting; that also keeps the figures steady on a CPU shared with other jobs. A chunk step of
-# all 16 envs costs E = 50 ms of env time, an inference over all of them P = 50 ms, so one stage's call (1/S of the
-# envs) waits E / S and P / S. Each runner then makes two more `generate_rollouts` calls, timed; the best counts (a
-# busy machine only adds time). Every worker records its spans with the tracer (`rlinf_mini/scheduler/tracer.py`),
-# which draws the timelines. The second runner also runs one whole training step, for the RLinf#485 section below.
+# The MLP and the fake env are so small that their calls cost about as much as the messages between them: too little
+# work to see overlap. So both runs also set the two latency knobs, which stand for the work of a real setup:
+# `env.train.step_latency_s` (a simulator: the env process waits this long per env step) and `rollout.policy_latency_s`
+# (a policy on a GPU or a server: the rollout process waits this long per inference). Both are sleeps: work done
+# elsewhere while the worker process waits, RLinf's setting; that also keeps the figures steady on a CPU shared with
+# other jobs. A chunk step of all 16 envs costs E = 50 ms of env time, an inference over all of them P = 50 ms, so one
+# stage's call (1/S of the envs) waits E / S and P / S. Each runner then makes two more `generate_rollouts` calls,
+# timed; the best counts (a busy machine only adds time). Every worker records its spans with the tracer
+# (`rlinf_mini/scheduler/tracer.py`), which draws the timelines. The second runner also runs one whole training step,
+# for the RLinf#485 section below.
 
 # %%
 E = P = 0.05
