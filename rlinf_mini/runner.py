@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf_mini.config import TrainConfig
+from rlinf_mini.config import EnvSplitConfig, TrainConfig
 from rlinf_mini.scheduler import tracer
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.worker import WorkerGroup
@@ -39,6 +39,11 @@ def holds_a_run(run_dir: Path) -> bool:
     """Whether an earlier run wrote into `run_dir`: a new run there must resume it, or it would mix two runs' metrics
     and leave the old checkpoints where `resume_dir: auto` finds them."""
     return any((Path(run_dir) / name).exists() for name in RUN_FILES)
+
+
+def env_steps_per_training_step(train: EnvSplitConfig) -> int:
+    """Sub-env steps of one training step (the `env/steps` metric grows by this much per step)."""
+    return train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
 
 
 def find_latest_checkpoint(run_dir: Path) -> Path | None:
@@ -153,7 +158,7 @@ class EmbodiedRunner:
                     metrics |= self.gather_trace()
                     if self.global_step == self.TRACE_FILE_STEPS:
                         self.write_trace()
-                metrics["env/steps"] = float(self.global_step * self._env_steps_per_step())
+                metrics["env/steps"] = float(self.global_step * env_steps_per_training_step(self.cfg.env.train))
                 if self._due(cfg.val_check_interval):
                     with self.timer("eval"):
                         self.update_rollout_weights()
@@ -205,6 +210,7 @@ class EmbodiedRunner:
         if self.global_step <= self.TRACE_FILE_STEPS:
             self.trace_spans += spans
             self.last_step_window = (step[4], step[5])
+            self.last_traced_step = self.global_step  # the step number metrics.jsonl logs it under
         return tracer.step_metrics(spans, step[4], step[5], window=(gen[0][4], gen[0][5]) if gen else None)
 
     def write_trace(self) -> None:
@@ -212,16 +218,11 @@ class EmbodiedRunner:
         tracer.write_chrome_trace(self.trace_spans, self.run_dir / "trace.json")
         t0, t1 = self.last_step_window
         last = [s for s in self.trace_spans if s[5] > t0 and s[4] < t1]
-        tracer.write_timeline_png(last, self.run_dir / "timeline.png",
-                                  title=f"one training step (rlinf_mini, pipeline_stage_num="
-                                        f"{self.cfg.rollout.pipeline_stage_num})")
+        tracer.write_timeline_png(last, self.run_dir / "timeline.png", step=self.last_traced_step,
+                                  title=f"rlinf_mini, pipeline_stage_num={self.cfg.rollout.pipeline_stage_num}")
 
     def _due(self, interval: int) -> bool:
         return interval > 0 and (self.global_step % interval == 0 or self.global_step == self.max_steps)
-
-    def _env_steps_per_step(self) -> int:
-        train = self.cfg.env.train
-        return train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
 
     def _log(self, metrics: dict[str, float], step: int, bar) -> None:
         self.history.append({"step": step, **metrics})

@@ -101,11 +101,12 @@ def test_chrome_trace_loads_with_expected_events(tmp_path):
 
 
 def test_timeline_png_has_one_row_per_rank_and_opens(tmp_path):
-    path = tracer.write_timeline_png(_example_spans(), tmp_path / "timeline.png", title="test")
+    path = tracer.write_timeline_png(_example_spans(), tmp_path / "timeline.png", title="test", step=7)
     with Image.open(path) as img:
         img.verify()
     with Image.open(path) as img:
         w, h = img.size
+        assert img.text["Title"] == "training step 7: test"  # the title drawn above the chart
     assert 800 <= w <= 3000 and 150 <= h <= 2000
 
 
@@ -144,6 +145,7 @@ def test_training_run_writes_trace_timeline_and_trace_metrics(tmp_path):
     assert {"EnvGroup:0", "RolloutGroup:0", "ActorGroup:0", "ActorGroup:1"} <= threads
     with Image.open(run_dir / "timeline.png") as img:
         assert img.size[0] >= 800
+        assert img.text["Title"].startswith("training step 2: ")  # the last traced step, as metrics.jsonl numbers it
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     for group in ("EnvGroup", "RolloutGroup", "ActorGroup"):
@@ -209,8 +211,9 @@ def test_benchmarks_tiny_mode_group_calls_and_the_runner_against_both_plain_loop
     assert rows["tracing overhead (embodied_mlp): step time, trace on / off"]["ratio"] > 0
 
 
-def test_every_span_name_of_a_timeline_gets_its_own_colour():
-    names = [f"call_{i}" for i in range(40)] + ["env_step", "inference", "weight_send", "weight_load"]
+@pytest.mark.parametrize("n_calls", [40, 80])  # within the tab20/b/c palette, and past it
+def test_every_span_name_of_a_timeline_gets_its_own_colour(n_calls):
+    names = [f"call_{i}" for i in range(n_calls)] + ["env_step", "inference", "weight_send", "weight_load"]
     colours = tracer.span_colours(names)
-    assert len(set(colours.values())) == len(names)  # 44 names, 44 colours
+    assert len(set(colours.values())) == len(names)  # N names, N colours
     assert all(len(set(c[:3])) > 1 for c in colours.values())  # no grey: grey is a wait

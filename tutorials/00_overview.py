@@ -1,10 +1,11 @@
 # %% [markdown]
 # # 00 — Overview: one RL step on one page
 #
-# Run it: `python tutorials/00_overview.py` (15–30 s on a 2-core CPU, most of it starting worker processes), or
-# open it as a notebook (`jupytext --to notebook tutorials/00_overview.py`, or open the .py file in Jupyter with
-# jupytext installed).
-# Every sentence below that states a fact is checked by an `assert` in the cell after it.
+# Run it: `python tutorials/00_overview.py` (about 30 s on a 2-core CPU, most of it starting and stopping worker
+# processes), or open it as a notebook (`jupytext --to notebook tutorials/00_overview.py`, or open the .py file in
+# Jupyter with jupytext installed). Every sentence below that states a fact is checked by an `assert` in the cell
+# after it. The words these tutorials use (env step, chunk step, rollout_epoch, staleness, ...) are defined one line
+# each in [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #
@@ -24,15 +25,17 @@
 #
 # The tutorials, in the order of one step: **00** overview (this one), **01** placement, **02** weight sync,
 # **03** the rollout pipeline, **04** advantages, **05** training, **06** the full run (config → cluster → groups →
-# runner, checkpoint, resume, eval, metrics). Each imports the code it explains; none copies it.
+# runner, checkpoint, resume, eval, metrics), and **07** the same step for a reasoning LLM (GRPO with a verifier's
+# reward). Each imports the code it explains; none copies it.
 
 # %%
-from workbench import OUT, ROOT, check_exercise, matches
+from workbench import OUT, ROOT
 
 STAGE_FILES = ["placement", "sync", "rollout", "advantages", "train"]
 TUTORIALS = ["00_overview", "01_placement", "02_weight_sync", "03_rollout_pipeline", "04_advantages",
-             "05_training", "06_full_run"]
+             "05_training", "06_full_run", "07_reasoning"]
 print("\n".join(f"tutorials/{name}.py" for name in TUTORIALS))
+assert sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.py")) == TUTORIALS
 
 # %% [markdown]
 # ## The code to read
@@ -54,6 +57,15 @@ for name in STAGE_FILES:
     assert n_lines < 350, name
     assert "RLinf counterpart" in module.__doc__, name
     assert name == "train" or "Next stage" in module.__doc__, name
+
+import inspect
+
+from rlinf_mini.runner import EmbodiedRunner
+from rlinf_mini.train import launch
+
+assert inspect.getsource(launch).count("create_group(cfg).launch(") == 3
+assert all(f'self.timer("{p}")' in inspect.getsource(EmbodiedRunner.train_step)
+           for p in ["sync_weights", "generate_rollouts", "cal_adv_and_returns", "actor_training"])
 
 # %% [markdown]
 # The code stands on three floors, and each imports only from the floors below it:
@@ -99,41 +111,73 @@ print("scheduler <- stages <- runner/entry: no module imports upward")
 # %% [markdown]
 # ## Run it
 #
-# Two training steps of the MLP run, shrunk to 16 envs × 8 steps, with command-line overrides on top of the YAML
-# (the same flags work on `python -m rlinf_mini.train`). `RunPlan` checks everything before a process starts;
-# `build_and_run` starts the worker processes, trains, and stops them all.
+# Three training steps of the MLP run (`runner.max_epochs` is RLinf's name for the number of training steps), shrunk
+# to 16 envs × 8 env steps, with command-line overrides on top of the YAML (the same flags work on
+# `python -m rlinf_mini.train`). `RunPlan` checks everything before a process starts; `build_and_run` starts the
+# worker processes, trains, and stops them all.
 
 # %%
+import shutil
+import time
+
 from rlinf_mini.config import load_config
 from rlinf_mini.train import RunPlan, build_and_run
 
+shutil.rmtree(OUT / "runs" / "00_overview", ignore_errors=True)  # a run folder holds one run: start afresh
 argv = ["--config", str(ROOT / "configs/embodied_mlp.yaml"),
-        "--runner.max-epochs", "2", "--runner.val-check-interval", "-1", "--runner.save-interval", "-1",
+        "--runner.max-epochs", "3", "--runner.val-check-interval", "-1", "--runner.save-interval", "-1",
         "--runner.no-progress-bar", "--runner.logger.logger-backends",  # (nothing after it: no TensorBoard)
         "--runner.logger.log-path", str(OUT / "runs"), "--runner.logger.experiment-name", "00_overview",
         "--env.train.total-num-envs", "16", "--env.train.max-steps-per-rollout-epoch", "8",
         "--actor.global-batch-size", "64", "--actor.micro-batch-size", "32"]
 cfg = load_config(argv)
 plan = RunPlan(cfg, "00_overview")
+start = time.perf_counter()
 history = build_and_run(cfg, plan)
+wall = time.perf_counter() - start
+PHASES = ["sync_weights", "generate_rollouts", "cal_adv_and_returns", "actor_training"]
+GROUPS = ["ActorGroup", "EnvGroup", "RolloutGroup"]
 for h in history:
-    print({k: round(v, 4) for k, v in h.items() if k.startswith("time/") or k in ("step", "env/steps")})
+    print({"step": h["step"], "env/steps": h["env/steps"], "time/step": round(h["time/step"], 4)}
+          | {p: f"{h[f'time/{p}'] / h['time/step']:.0%}" for p in PHASES}
+          | {f"busy/{g}": f"{h[f'time/trace/busy/{g}']:.0%}" for g in GROUPS})
+steps_s = sum(h["time/step"] for h in history)
+print(f"build_and_run took {wall:.1f} s, of which the {len(history)} steps {steps_s:.2f} s")
 
 # %% [markdown]
 # ## What you should see
 #
-# One line per step. Each step logged the four phases under RLinf's timer names, and they account for the step's
-# time (on a 2-core CPU a step of this size takes about 0.1–0.3 s, most of it in `generate_rollouts`; starting
-# the worker processes takes longer than the two steps). `env/steps` counts
-# total_num_envs × max_steps_per_rollout_epoch × rollout_epoch = 16 × 8 × 1 = 128 env steps per training step.
+# - One line per step, `runner.max_epochs` = 3 of them. Each step logged the four phases under RLinf's timer names,
+#   and together they make up nearly all of the step's time (at least 3/4 of it; the rest is one call telling the
+#   actor the step number).
+# - Most of a step goes to two phases, `generate_rollouts` and `actor_training` (together more than half of every
+#   step after the first, which also pays one-time costs such as the first backward pass). Which of the two is
+#   longer depends on how busy the machine is: the rollout is ~40 small messages between the env, rollout and actor
+#   processes, and waiting for a busy CPU to wake a process up slows it most.
+# - **The actor does most of the work, not the rollout.** The tracer (`time/trace/busy/*`: the share of the step a
+#   worker spent working rather than waiting) shows the actor busy for a larger share of the step than the env and
+#   the rollout together: the MLP and the fake env are tiny, so 16 envs × 8 env steps are cheap, while
+#   the actor makes `algorithm.update_epoch` = 4 passes over the step's 128 samples in global batches of 64: 8
+#   optimizer steps on micro batches, each followed, with 2 actor ranks, by a gradient all-reduce between the two
+#   processes. (With a real simulator and a VLA the rollout's work usually dominates: 03 emulates that with
+#   latencies.)
+# - Starting and stopping the worker processes takes most of `build_and_run`'s time: the three steps take less than
+#   a fifth of it.
+# - `env/steps` counts env steps: one env step is one action executed by one sub-env. It grows by the same amount
+#   every training step (128 here); how that number is made from `cfg.env.train` is the exercise below.
 
 # %%
-PHASES = ["sync_weights", "generate_rollouts", "cal_adv_and_returns", "actor_training"]
-assert [h["step"] for h in history] == [1, 2]
+assert [h["step"] for h in history] == [1, 2, 3] and cfg.runner.max_epochs == 3
 for h in history:
-    assert all(f"time/{p}" in h for p in PHASES)
-    assert sum(h[f"time/{p}"] for p in PHASES) <= h["time/step"] + 1e-6
-assert [h["env/steps"] for h in history] == [128.0, 256.0]
+    phases = sum(h[f"time/{p}"] for p in PHASES)
+    assert 0.75 * h["time/step"] <= phases <= h["time/step"] + 1e-6, h
+for h in history[1:]:
+    assert h["time/generate_rollouts"] + h["time/actor_training"] > 0.5 * h["time/step"], h
+    assert h["time/trace/busy/ActorGroup"] > h["time/trace/busy/EnvGroup"] + h["time/trace/busy/RolloutGroup"], h
+assert cfg.algorithm.update_epoch == 4 and cfg.actor.global_batch_size == 64 and plan.world_sizes["actor"] == 2
+assert steps_s < wall / 5
+per_step = history[0]["env/steps"]
+assert per_step == 128 and [h["env/steps"] for h in history] == [per_step, 2 * per_step, 3 * per_step]
 
 # %% [markdown]
 # ## The RLinf counterpart
@@ -165,21 +209,33 @@ for name, symbol in COUNTERPART.items():
 # %% [markdown]
 # ## Exercise
 #
-# How many env steps does one training step take? Write it from the config in `env_steps_per_training_step`
-# below (look at `cfg.env.train`), replacing the body. As shipped the body calls the reference answer, the number
-# the run above measured, so this cell passes; with your own body it tells you whether you got it right.
+# How many env steps does one training step take? Write `my_env_steps(total_num_envs, max_steps_per_rollout_epoch,
+# rollout_epoch)` below, replacing the body (the glossary says what each of the three means). As shipped the body
+# calls the reference, `rlinf_mini.runner.env_steps_per_training_step`, the function that logs `env/steps`, so this
+# cell passes; with your own body it tells you whether you got it right on every case, and if not, which case.
 
 # %%
-def measured_env_steps(cfg) -> int:
-    """The reference: what the run above logged per training step (its cfg is the only one it can answer)."""
-    assert cfg is plan.cfg
-    return int(history[1]["env/steps"] - history[0]["env/steps"])
+import dataclasses
+
+from workbench import check_exercise, matches
+
+from rlinf_mini.config import EnvSplitConfig
+from rlinf_mini.runner import env_steps_per_training_step
 
 
-def env_steps_per_training_step(cfg) -> int:
-    # EXERCISE: replace the line below with a formula in cfg.env.train's fields.
-    return measured_env_steps(cfg)
+def reference_env_steps(total_num_envs: int, max_steps_per_rollout_epoch: int, rollout_epoch: int) -> int:
+    train = dataclasses.replace(EnvSplitConfig(), total_num_envs=total_num_envs, rollout_epoch=rollout_epoch,
+                                max_steps_per_rollout_epoch=max_steps_per_rollout_epoch)
+    return env_steps_per_training_step(train)
 
 
-check_exercise(env_steps_per_training_step, measured_env_steps, [(cfg,)])
-assert not matches(lambda c: c.env.train.total_num_envs, measured_env_steps, [(cfg,)])  # a wrong answer fails
+def my_env_steps(total_num_envs: int, max_steps_per_rollout_epoch: int, rollout_epoch: int) -> int:
+    # EXERCISE: replace the line below with a formula in the three numbers.
+    return reference_env_steps(total_num_envs, max_steps_per_rollout_epoch, rollout_epoch)
+
+
+CASES = {"the run above": (16, 8, 1), "2 rollout epochs": (16, 8, 2), "the MLP config": (32, 32, 1),
+         "3 rollout epochs of 4 envs": (4, 12, 3)}
+check_exercise(my_env_steps, reference_env_steps, CASES)
+assert "history" not in globals() or reference_env_steps(16, 8, 1) == history[0]["env/steps"]  # what the run logged
+assert not matches(lambda n, steps, epochs: n * steps, reference_env_steps, CASES)  # forgets rollout_epoch: fails

@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 01 — Placement: which device runs which rank
 #
-# Run it: `python tutorials/01_placement.py` (a few seconds; it starts no process). Every stated fact is an `assert`
-# in the cell after it.
+# Run it: `python tutorials/01_placement.py` (about 8 s on a 2-core CPU; it starts no process). Every stated fact
+# is an `assert` in the cell after it. Terms (placement, rank, stage, ...): [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #
@@ -26,7 +26,9 @@
 #   (`CUDA_VISIBLE_DEVICES=d` is set before torch loads in the process) or, without a GPU, a share of the CPU cores.
 
 # %%
-from workbench import OUT, ROOT, check_exercise, matches
+import multiprocessing
+
+from workbench import OUT, ROOT
 
 from stages.placement import ComponentPlacement, HybridComponentPlacement, PlacementMode
 
@@ -48,16 +50,20 @@ for name, placement in placements.items():
 # %% [markdown]
 # ## What you should see
 #
-# - Collocated: every device runs one rank of each component (4 env, 4 rollout, 4 actor ranks); the mode is
-#   collocated.
+# - Collocated: every device runs one rank of each component (4 env, 4 rollout, 4 actor ranks: rank d on
+#   device d); the mode is collocated.
 # - Disaggregated: no device holds two components; the actor has 2 ranks on devices 2 and 3.
 # - Hybrid: env ranks on devices 0-1, rollout ranks on 2-3, and actor rank d on device d for every device.
 
 # %%
 assert placements["collocated"].placement_mode == PlacementMode.COLLOCATED
 assert all(placements["collocated"].get_world_size(c) == 4 for c in ("env", "rollout", "actor"))
+assert all([p.devices for p in placements["collocated"].get_strategy(c).placements] == [(0,), (1,), (2,), (3,)]
+           for c in ("env", "rollout", "actor"))
 assert placements["disaggregated"].placement_mode == PlacementMode.DISAGGREGATED
 assert placements["disaggregated"].get_hardware_ranks("actor") == [2, 3]
+used = [set(placements["disaggregated"].get_hardware_ranks(c)) for c in ("env", "rollout", "actor")]
+assert all(not (a & b) for i, a in enumerate(used) for b in used[i + 1:])  # no device holds two components
 assert placements["hybrid"].placement_mode == PlacementMode.HYBRID
 hybrid = placements["hybrid"]
 assert [p.devices for p in hybrid.get_strategy("env").placements] == [(0,), (1,)]
@@ -136,19 +142,28 @@ assert "  device 0: actor[0] env[0]\n  device 1: actor[1] rollout[0]\n  mode: hy
 assert "rollout rank 0 serves env rank(s) 0" in plan
 
 # %% [markdown]
-# A placement whose arithmetic cannot work: three env ranks cannot be served by two rollout ranks (each rollout
-# rank serves a whole block of env ranks). `--explain` names the rule and the number that breaks it, and two
-# settings near it that pass every check; the run itself would stop with the same one-line error (exit code 2).
+# A placement whose arithmetic cannot work: two env ranks cannot be served by three rollout ranks (each rollout
+# rank serves a whole block of env ranks, so the env ranks must be a multiple of the rollout ranks). `--explain`
+# names the rule and the numbers that break it, and settings near it that pass every check; the run itself stops
+# with the same one-line error and exit code 2, before any process starts.
 
 # %%
-code, plan = explain("--cluster.num-devices", "3", "--cluster.component-placement.env", "0-1",
-                     "--cluster.component-placement.rollout", "0-2")
+BAD = ["--cluster.num-devices", "3", "--cluster.component-placement.env", "0-1",
+       "--cluster.component-placement.rollout", "0-2"]
+code, plan = explain(*BAD)
 print(plan[plan.index("breaks"):])
 assert code == 2 and "env ranks (2) must be a multiple of rollout ranks (3)" in plan
 fixes = plan.split("pass every check:\n")[1].split("\n")
 assert fixes[0].strip() == "--cluster.component-placement.rollout 0"
 for fix in fixes[:2]:
     assert explain("--cluster.num-devices", "3", "--cluster.component-placement.env", "0-1", *fix.split())[0] == 0
+err = io.StringIO()
+with contextlib.redirect_stderr(err):  # the run itself, without --explain
+    run_code = main(["--config", str(ROOT / "configs/embodied_mlp.yaml"), *BAD])
+print(err.getvalue())
+assert run_code == 2 and len(err.getvalue().strip().splitlines()) == 1
+assert "env ranks (2) must be a multiple of rollout ranks (3)" in err.getvalue()
+assert not multiprocessing.active_children()  # this tutorial started no process
 
 # %% [markdown]
 # ## The RLinf counterpart
@@ -170,6 +185,11 @@ for fix in fixes[:2]:
 # cases below, which cover every form of the grammar.
 
 # %%
+from workbench import check_exercise, matches
+
+from stages.placement import ComponentPlacement
+
+
 def reference_devices(value: str, num_devices: int) -> list[tuple[int, ...]]:
     return [p.devices for p in ComponentPlacement({"x": value}, num_devices).get_strategy("x").placements]
 
@@ -179,6 +199,9 @@ def devices_of_ranks(value: str, num_devices: int) -> list[tuple[int, ...]]:
     return reference_devices(value, num_devices)
 
 
-CASES = [("all", 3), ("2", 4), ("0-3", 4), ("0,2,4-5", 6), ("0-3:0-7", 4), ("0-3:0-1", 4), ("0-1:0-3,2-3", 4)]
+CASES = {"all devices": ("all", 3), "one device": ("2", 4), "a range": ("0-3", 4), "commas and ranges": ("0,2,4-5", 6),
+         "two processes per device": ("0-3:0-7", 4), "two devices per process": ("0-3:0-1", 4),
+         "two parts, one of them devices:processes": ("0-1:0-3,2-3", 4)}
 check_exercise(devices_of_ranks, reference_devices, CASES)
-assert not matches(lambda v, n: [(d,) for d in range(n)], reference_devices, CASES)  # a wrong answer fails
+
+assert not matches(lambda v, n: [(d,) for d in range(n)], reference_devices, CASES)  # "everything is all": fails

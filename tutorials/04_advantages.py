@@ -3,6 +3,7 @@
 #
 # Run it: `python tutorials/04_advantages.py` (a couple of seconds; pure tensor functions, no processes). Every
 # stated fact is an `assert` in the cell after it.
+# Terms: [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #

@@ -3,6 +3,7 @@
 #
 # Run it: `python tutorials/05_training.py` (5–15 s on a 2-core CPU; it starts no process). Every stated fact
 # is an `assert` in the cell after it.
+# Terms: [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #

@@ -3,6 +3,7 @@
 #
 # Run it: `python tutorials/06_full_run.py` (20–45 s on a 2-core CPU: two short training runs). Every stated fact
 # is an `assert` in the cell after it.
+# Terms: [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #

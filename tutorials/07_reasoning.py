@@ -3,6 +3,7 @@
 #
 # Run it: `python tutorials/07_reasoning.py` (about a minute on a 2-core CPU: it warm-starts a tiny GPT-2, takes one
 # step apart, then trains 20 steps). Every stated fact is an `assert` in the cell after it.
+# Terms: [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #

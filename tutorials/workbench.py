@@ -73,6 +73,9 @@ def _describe(value) -> str:
         return f"tensor{tuple(value.shape)}[{head}{', ...' if value.numel() > 6 else ''}]"
     if isinstance(value, (tuple, list)) and len(value) <= 8:
         return "(" + ", ".join(_describe(v) for v in value) + ")"
+    if isinstance(value, Mapping) and all(isinstance(v, torch.Tensor) for v in value.values()):  # a state dict
+        items = [f"{k}: {str(v.dtype).removeprefix('torch.')}{list(v.shape)}" for k, v in list(value.items())[:4]]
+        return "{" + ", ".join(items) + (f", ... ({len(value)} tensors)" if len(value) > 4 else "") + "}"
     text = repr(value)
     return text if len(text) <= 80 else f"{type(value).__name__}(...)"
 

@@ -200,22 +200,25 @@ _COLOURS = {"env_step": "tab:blue", "inference": "tab:orange", "forward_backward
 
 def span_colours(names: list[str]) -> dict[str, tuple]:
     """A distinct colour for every span name: the fixed ones above, then the next unused colour of tab20, tab20b
-    and tab20c (60 colours, greys left out: grey means waiting)."""
+    and tab20c (greys left out: grey means waiting), then, past those ~50, evenly spaced hues (never repeated)."""
     from matplotlib import colormaps
     from matplotlib import colors as mcolors
 
     fixed = {n: mcolors.to_rgba(c) for n, c in _COLOURS.items()}
-    palette = [c for cmap in ("tab20", "tab20b", "tab20c") for c in colormaps[cmap].colors
+    palette = [mcolors.to_rgba(c) for cmap in ("tab20", "tab20b", "tab20c") for c in colormaps[cmap].colors
                if len(set(c[:3])) > 1 and mcolors.to_rgba(c) not in fixed.values()]  # a grey has r = g = b
+    extra = len(names) - len(palette)  # more names than the palette holds: one hue each, around the colour wheel
+    palette += [mcolors.to_rgba(mcolors.hsv_to_rgb((i / extra, 0.75, 0.8))) for i in range(max(0, extra))]
     out, free = {}, iter(palette)
     for name in names:
         out[name] = fixed.get(name) or next(free)
     return out
 
 
-def write_timeline_png(spans: list[Span], path: Path, title: str = "") -> Path:
+def write_timeline_png(spans: list[Span], path: Path, title: str = "", step: int | None = None) -> Path:
     """A Gantt chart: one row per worker rank. Top-level calls are pale bands, the work inside them solid colours
-    (a later pipeline stage a lighter shade), waits thin grey bars."""
+    (a later pipeline stage a lighter shade, each span name its own colour), waits thin grey bars. `step`, the
+    training step the spans belong to, opens the title."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -245,9 +248,11 @@ def write_timeline_png(spans: list[Span], path: Path, title: str = "") -> Path:
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]
     handles.append(plt.Rectangle((0, 0), 1, 1, color="0.6"))
     ax.legend(handles, [*names, "wait"], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    ax.set_title(title or "timeline", fontsize=10)
+    head = f"training step {step}" if step is not None else "timeline"
+    title = f"{head}: {title}" if title else head
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Title": title})  # also in the PNG's text chunk, where a program can read it
     plt.close(fig)
     return path
