@@ -81,6 +81,27 @@ print("advantages, lambda=0.95 [T, B]:\n", adv_95)
 # %% [markdown]
 # ## What you should see
 #
+# **GAE with λ = 1 equals the discounted returns minus the values.** The discounted return, written directly:
+# G_t = r_t + γ G_{t+1}, restarting at an episode end, and bootstrapped with V_T after the last step.
+
+# %%
+G = torch.zeros(T, B)
+next_return = values[T]  # [B] bootstrap: the value of the state after the last step
+for t in reversed(range(T)):
+    next_return = rewards[t] + gamma * next_return * (~dones[t])
+    G[t] = next_return
+assert torch.allclose(adv_1, G - values[:T], atol=1e-6)
+
+# %% [markdown]
+# **With λ = 0 it is the one-step TD error** δ_t = r_t + γ V_{t+1} (1 − d_t) − V_t, and **returns are always
+# advantages + values** (the value head's target).
+
+# %%
+delta = rewards + gamma * values[1:] * (~dones) - values[:T]
+assert torch.allclose(adv_0, delta, atol=1e-6)
+assert torch.allclose(ret_95, adv_95 + values[:T], atol=1e-6)
+
+# %% [markdown]
 # **The code equals the pseudocode above.** The pseudocode as a plain loop over columns, steps and the forward
 # sum (an oracle: written from the formula, not from the code), against the real function for λ = 0, 0.95 and 1.
 
@@ -105,27 +126,6 @@ def gae_from_the_pseudocode(rewards, values, dones, gamma, lam):
 for lam, (adv, ret) in [(0.0, (adv_0, adv_0 + values[:T])), (0.95, (adv_95, ret_95)), (1.0, (adv_1, ret_1))]:
     oracle_adv, oracle_ret = gae_from_the_pseudocode(rewards, values, dones, gamma, lam)
     assert torch.allclose(adv, oracle_adv, atol=1e-5) and torch.allclose(ret, oracle_ret, atol=1e-5), lam
-
-# %% [markdown]
-# **GAE with λ = 1 equals the discounted returns minus the values.** The discounted return, written directly:
-# G_t = r_t + γ G_{t+1}, restarting at an episode end, and bootstrapped with V_T after the last step.
-
-# %%
-G = torch.zeros(T, B)
-next_return = values[T]  # [B] bootstrap: the value of the state after the last step
-for t in reversed(range(T)):
-    next_return = rewards[t] + gamma * next_return * (~dones[t])
-    G[t] = next_return
-assert torch.allclose(adv_1, G - values[:T], atol=1e-6)
-
-# %% [markdown]
-# **With λ = 0 it is the one-step TD error** δ_t = r_t + γ V_{t+1} (1 − d_t) − V_t, and **returns are always
-# advantages + values** (the value head's target).
-
-# %%
-delta = rewards + gamma * values[1:] * (~dones) - values[:T]
-assert torch.allclose(adv_0, delta, atol=1e-6)
-assert torch.allclose(ret_95, adv_95 + values[:T], atol=1e-6)
 
 # %% [markdown]
 # **Episodes do not leak into each other**: changing what happens after env 1's episode ended at step 2 leaves
