@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 04 — Advantages: from rewards (and values) to what the loss weighs each action by
 #
-# Run it: `python tutorials/04_advantages.py` (measured on the 2-core machine at load average 15-16: 6-11 s; pure tensor
+# Run it: `python tutorials/04_advantages.py` (measured on the 2-core machine at load average 14-16: 6-11 s; pure tensor
 # functions and one small env, no processes). Every stated fact is an `assert` in the cell after it. Words in
 # doubt: the [glossary](glossary.md).
 #

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 — Training: the actor's PPO update, batch by batch
 #
-# Run it: `python tutorials/05_training.py` (measured on the 2-core machine at load average 15: 21-35 s; it starts no
+# Run it: `python tutorials/05_training.py` (measured on the 2-core machine at load average 14-16: 12-35 s; it starts no
 # process). Every stated fact is an `assert` in the cell after it. Words in doubt: the [glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it

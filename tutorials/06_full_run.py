@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 06 — The full run: config → cluster → groups → runner, checkpoint, resume, eval, metrics
 #
-# Run it: `python tutorials/06_full_run.py` (measured on the 2-core machine at load average 8-15: 82-112 s; two
+# Run it: `python tutorials/06_full_run.py` (measured on the 2-core machine at load average 8-16: 66-112 s; two
 # short training runs). Every stated fact is an `assert` in the cell after it. Words in doubt: the
 # [glossary](glossary.md).
 #

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 07 — Reasoning: prompts → sampled responses → a verifier's reward → GRPO → new weights
 #
-# Run it: `python tutorials/07_reasoning.py` (measured on the 2-core machine at load average 8-15: 92-152 s; it
+# Run it: `python tutorials/07_reasoning.py` (measured on the 2-core machine at load average 8-16: 66-152 s; it
 # warm-starts a tiny GPT-2, takes one step apart, then trains 20 steps). Every stated fact is an `assert` in the
 # cell after it. Words in doubt: the [glossary](glossary.md).
 #
