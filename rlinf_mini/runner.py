@@ -101,7 +101,7 @@ class EmbodiedRunner:
 
     def update_rollout_weights(self) -> dict[str, float]:
         """Send the actor's weights to every rollout rank, unless the rollout already holds this version."""
-        version = self.global_step  # number of optimizer steps behind the actor's weights
+        version = self.global_step  # training steps behind the actor's weights (one holds many optimizer steps)
         if version == self.rollout_version:
             return {}
         receive = self.rollout.sync_model_from_actor(version)

@@ -1,9 +1,9 @@
 # %% [markdown]
 # # 05 — Training: the actor's PPO update, batch by batch
 #
-# Run it: `python tutorials/05_training.py` (5–15 s on a 2-core CPU; it starts no process). Every stated fact
-# is an `assert` in the cell after it.
-# Terms: [the glossary](glossary.md).
+# Run it: `python tutorials/05_training.py` (it starts no process; its time on 2 cores is in README's tutorial table,
+# which the tests check). Every stated fact is an `assert` in the cell after it. Words in doubt: the
+# [glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #
@@ -16,12 +16,26 @@
 # one all-reduce before each optimizer step (what DistributedDataParallel does, without its wrapper).
 #
 # The loss is PPO's clipped surrogate with RLinf's **dual clip** (for negative advantages the loss is capped at
-# −A·c, so one action whose probability exploded cannot dominate), plus RLinf's clipped Huber value loss:
+# −A·c, so one action whose probability exploded cannot dominate), plus RLinf's clipped Huber value loss. The
+# whole update as pseudocode (Spinning Up style; W actor ranks, each holding N of the step's samples):
 #
-#     ratio    = exp(logp − old_logp)
-#     pg_loss  = max(−A·ratio, −A·clip(ratio, 1 − ε_low, 1 + ε_high)),  and where A < 0: min(that, −A·c)
-#     v_loss   = max(huber(R − V), huber(R − V_clip)),   V_clip = V_old + clip(V − V_old, ±value_clip)
-#     huber(e) = ½ e² where |e| < huber_delta, else huber_delta · (|e| − huber_delta / 2)
+#     for epoch = 1 .. update_epoch:
+#         shuffle this rank's N samples
+#         for each global batch (global_batch_size / W samples on this rank):          # one optimizer step
+#             zero the gradients
+#             for each micro-batch (micro_batch_size samples), accum of them:
+#                 ratio    = exp(logp(a|s) − old_logp)                                  # per sample
+#                 pg       = max(−A·ratio, −A·clip(ratio, 1 − ε_low, 1 + ε_high));  where A < 0: min(pg, −A·c)
+#                 V_clip   = V_old + clip(V − V_old, −value_clip, value_clip)
+#                 v        = max(huber(R − V), huber(R − V_clip))
+#                 huber(e) = ½ e² where |e| < huber_delta, else huber_delta · (|e| − huber_delta / 2)
+#                 loss     = mean_mask(pg) − entropy_bonus · mean_mask(entropy) + value_loss_coef · mean_mask(v)
+#                            (+ kl_beta · mean_mask(kl) when kl_beta > 0)
+#                 backward(loss / accum)                                                # gradients add up
+#             average the gradients over the W ranks (one all-reduce)
+#             clip the gradient norm at clip_grad;  optimizer step
+#
+# where mean_mask is the mean over the micro-batch's samples whose loss mask is 1.
 #
 # ## The code to read
 #
@@ -34,6 +48,7 @@
 import contextlib
 import dataclasses
 import io
+import math
 
 import torch
 from workbench import ROOT, check_exercise, matches
@@ -41,7 +56,7 @@ from workbench import ROOT, check_exercise, matches
 from rlinf_mini.config import load_config
 from rlinf_mini.train import main
 from stages.losses import compute_ppo_critic_loss
-from stages.train import ActorWorker, compute_ppo_actor_loss
+from stages.train import ActorWorker, compute_micro_batch_loss, compute_ppo_actor_loss, flatten_batch
 
 MLP = str(ROOT / "configs/embodied_mlp.yaml")
 
@@ -90,13 +105,21 @@ assert code == 2 and "breaks: actor.global_batch_size = 256" in broken
 fixes = [line.split() for line in broken.split("pass every check:\n")[1].strip().splitlines()]
 assert fixes == [["--actor.micro-batch-size", "64"], ["--actor.micro-batch-size", "128"]]
 assert all(explain("--actor.micro-batch-size", "96", *fix)[0] == 0 for fix in fixes)
+err = io.StringIO()
+with contextlib.redirect_stderr(err):  # a training run: the same check, before any process starts
+    code = main(["--config", MLP, "--actor.micro-batch-size", "96"])
+assert code == 2 and err.getvalue().count("\n") == 1
+assert "actor.global_batch_size: 256 is not divisible by micro_batch_size x actor ranks = 96 x 2" in err.getvalue()
 
 # %% [markdown]
-# ## Run it (2): micro-batches change memory, not the update
+# ## Run it (2): micro-batches change memory, and the update only where a loss mask is ragged
 #
 # A real `ActorWorker`, built in this process (the runtime normally sets `_rank`, `_world_size`, `_group_name` and
-# `device` before `__init__`; here we do), trained on the same batch twice: micro-batch 64 (no accumulation) and
-# micro-batch 16 (4 accumulated micro-batches per optimizer step).
+# `device` before `__init__`; here we do), trained on the same batch with micro-batch 64 (no accumulation) and
+# micro-batch 16 (4 accumulated micro-batches per optimizer step) — once with `env.train.auto_reset: true` (the
+# config's: every sample counts, no loss mask) and once with `auto_reset: false`, where the actor masks every step
+# after an env's first done (RLinf's `compute_loss_mask`), so micro-batches hold different numbers of counted
+# samples. A hook on the optimizer counts its steps.
 
 # %%
 cfg = load_config(["--config", MLP, "--env.train.total-num-envs", "16", "--env.train.max-steps-per-rollout-epoch",
@@ -106,8 +129,10 @@ torch.manual_seed(0)
 obs = torch.randn(T, B, 4)  # [T, B, obs_dim]: the fake reach env's observations are 4 numbers
 
 
-def make_actor(micro_batch_size: int) -> ActorWorker:
-    c = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, micro_batch_size=micro_batch_size))
+def make_actor(micro_batch_size: int, auto_reset: bool = True) -> ActorWorker:
+    c = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, micro_batch_size=micro_batch_size),
+                            env=dataclasses.replace(cfg.env, train=dataclasses.replace(cfg.env.train,
+                                                                                       auto_reset=auto_reset)))
     worker = ActorWorker.__new__(ActorWorker)
     worker._rank, worker._world_size, worker._group_name, worker.device = 0, 1, "ActorGroup", torch.device("cpu")
     worker.__init__(c)
@@ -116,38 +141,85 @@ def make_actor(micro_batch_size: int) -> ActorWorker:
 
 
 reference_actor = make_actor(64)
+initial = reference_actor.get_state_dict()
 with torch.no_grad():  # a batch as the rollout would produce it, with the initial weights
     out = reference_actor.policy.predict_action_batch(obs.reshape(T * B, 4), torch.rand(T * B, 2), mode="train")
+reference_actor.close()
 batch = {
     "obs": obs, "actions": out["actions"].reshape(T, B, 1, 2), "logprobs": out["logprobs"].reshape(T, B),
     "values": torch.randn(T + 1, B), "rewards": torch.randn(T, B), "dones": torch.rand(T, B) < 0.1,
     "versions": torch.zeros(T, B, dtype=torch.int64),
 }
 results = {}
-for micro in (64, 16):
-    actor = make_actor(micro)
-    actor.batch = {k: v.clone() for k, v in batch.items()}
-    actor.compute_advantages_and_returns()
-    metrics = actor.run_training()
-    results[micro] = (actor.get_state_dict(), metrics)
-    actor.close()
-reference_actor.close()
-diff = max((results[64][0][k] - results[16][0][k]).abs().max().item() for k in results[64][0])
-initial = reference_actor.get_state_dict()
-moved = max((results[64][0][k] - initial[k]).abs().max().item() for k in initial)
-print(f"weights moved by up to {moved:.2e}; micro 64 vs micro 16 differ by at most {diff:.2e}")
+for auto_reset in (True, False):
+    for micro in (64, 16):
+        actor = make_actor(micro, auto_reset)
+        steps = []
+        actor.optimizer.register_step_post_hook(lambda *_, steps=steps: steps.append(1))
+        actor.batch = {k: v.clone() for k, v in batch.items()}
+        actor.compute_advantages_and_returns()
+        metrics = actor.run_training()
+        results[micro, auto_reset] = (actor.get_state_dict(), metrics, len(steps), actor.batch["loss_mask"])
+        actor.close()
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+moved = max_diff(results[64, True][0], initial)
+diff = max_diff(results[64, True][0], results[16, True][0])
+diff_masked = max_diff(results[64, False][0], results[16, False][0])
+print(f"{results[64, True][2]} optimizer steps; weights moved by up to {moved:.2e}; micro 64 vs micro 16 differ by "
+      f"{diff:.2e} without a loss mask, {diff_masked:.2e} with the first-episode mask")
 
 # %% [markdown]
 # ## What you should see (2)
 #
-# After 8 optimizer steps (128 samples / 64 per step × 4 epochs) the weights have moved by ~1e-2 (at least 1e-3),
-# and the two runs agree to float32 rounding (differences of ~1e-8, far below the change): accumulating
-# `loss / 4` over 4 micro-batches gives the gradient of the mean loss over the 64 samples.
+# 8 optimizer steps (128 samples / 64 per step × 4 epochs), after which the weights have moved by more than
+# 1e-3. **Without a loss mask the two runs agree to float32 rounding** (below 1e-5, far below the change):
+# `update_policy` backpropagates `loss / 4` for each of the 4 micro-batches, and a mean of 4 means over 16
+# samples each is the mean over the 64. **With a ragged loss mask they do not** (a difference of the order of
+# the change itself): each micro-batch's loss is the mean over *its own* counted samples, so accumulation weighs
+# every micro-batch 1/4 however many samples it counts, while the whole batch weighs every counted sample alike.
 
 # %%
+assert all(r[2] == 8 for r in results.values())
 assert moved > 1e-3
+assert results[64, True][3].all() and not results[64, False][3].all()  # auto_reset true: no mask; false: ragged
 assert diff < 1e-5
-assert abs(results[64][1]["train/actor/policy_loss"] - results[16][1]["train/actor/policy_loss"]) < 1e-5
+assert abs(results[64, True][1]["train/actor/policy_loss"] - results[16, True][1]["train/actor/policy_loss"]) < 1e-5
+assert diff_masked > 100 * diff and diff_masked > moved / 10
+
+# %% [markdown]
+# The rule exactly, on one optimizer step's 64 samples of the masked batch and the real loss
+# (`compute_micro_batch_loss`): with n_m counted samples in micro-batch m and g_m the gradient of its loss, the
+# whole batch's gradient is Σ n_m g_m / Σ n_m, and accumulation gives Σ g_m / 4. The two are equal exactly when
+# every micro-batch counts the same number of samples: always without a loss mask (GAE with `auto_reset: true`,
+# the default), not in general with one (`auto_reset: false`, and GRPO and Reinforce++, which always train each
+# env's first episode only). The same holds for the W actor ranks, whose gradients are averaged with equal weights.
+
+# %%
+masked = make_actor(64, auto_reset=False)
+masked.batch = {k: v.clone() for k, v in batch.items()}
+masked.compute_advantages_and_returns()
+flat = flatten_batch(masked.batch)
+
+
+def gradient(idx: torch.Tensor) -> torch.Tensor:
+    masked.policy.zero_grad()
+    compute_micro_batch_loss(masked.policy, {k: v[idx] for k, v in flat.items()}, masked.cfg)[0].backward()
+    return torch.cat([p.grad.reshape(-1) for p in masked.policy.parameters() if p.grad is not None])
+
+
+parts = torch.arange(64).chunk(4)  # 4 micro-batches of 16
+counted = torch.stack([flat["loss_mask"][i].sum() for i in parts])  # [4] n_m
+g_whole, g_parts = gradient(torch.arange(64)), torch.stack([gradient(i) for i in parts])  # [P], [4, P]
+print("counted samples per micro-batch:", counted.tolist())
+assert len(set(counted.tolist())) > 1  # ragged
+assert torch.allclose(g_whole, (counted[:, None] * g_parts).sum(0) / counted.sum(), atol=1e-6)
+assert not torch.allclose(g_whole, g_parts.mean(0), atol=1e-4)
+masked.close()
 
 # %% [markdown]
 # ## Run it (3): the clips, sample by sample
@@ -186,6 +258,40 @@ def v_loss(huber_delta: float) -> float:
 assert abs(v_loss(10.0) - 0.32) < 1e-6 and abs(v_loss(0.5) - 0.275) < 1e-6
 
 # %% [markdown]
+# **The code equals the pseudocode at the top.** The per-sample lines of the pseudocode as a plain Python loop (an
+# oracle: floats, no tensors), against `compute_ppo_actor_loss` and `compute_ppo_critic_loss` on 256 random
+# samples with a loss mask, asymmetric clip bounds and a dual clip.
+
+# %%
+def ppo_losses_from_the_pseudocode(logp, old_logp, adv, mask, eps_low, eps_high, c, V, V_old, R, value_clip, delta):
+    def huber(e):
+        return 0.5 * e * e if abs(e) < delta else delta * (abs(e) - delta / 2)
+
+    pg_sum = v_sum = count = 0.0
+    for i in range(len(adv)):
+        if mask[i] == 0:
+            continue
+        ratio = math.exp(logp[i] - old_logp[i])
+        pg = max(-adv[i] * ratio, -adv[i] * min(max(ratio, 1 - eps_low), 1 + eps_high))
+        if adv[i] < 0:
+            pg = min(pg, -adv[i] * c)
+        V_clip = V_old[i] + min(max(V[i] - V_old[i], -value_clip), value_clip)
+        pg_sum += pg
+        v_sum += max(huber(R[i] - V[i]), huber(R[i] - V_clip))
+        count += 1
+    return pg_sum / count, v_sum / count
+
+
+g = torch.Generator().manual_seed(5)
+logp, old_logp, adv, V, V_old, R = (torch.randn(256, generator=g) for _ in range(6))
+loss_mask = (torch.rand(256, generator=g) < 0.7).float()
+pg_oracle, v_oracle = ppo_losses_from_the_pseudocode(*(x.tolist() for x in (logp, old_logp, adv, loss_mask)),
+                                                     0.2, 0.28, 3.0, V.tolist(), V_old.tolist(), R.tolist(), 0.2, 0.5)
+pg_real = compute_ppo_actor_loss(logp, old_logp, adv, loss_mask, 0.2, 0.28, 3.0)[0]
+v_real = compute_ppo_critic_loss(V, V_old, R, loss_mask, 0.2, 0.5)[0]
+assert abs(pg_real.item() - pg_oracle) < 1e-5 and abs(v_real.item() - v_oracle) < 1e-5
+
+# %% [markdown]
 # ## The RLinf counterpart
 #
 # - `rlinf/workers/actor/embodied_fsdp_actor_worker.py::EmbodiedFSDPActor`: `recv_rollout_trajectories`,
@@ -199,8 +305,9 @@ assert abs(v_loss(10.0) - 0.32) < 1e-6 and abs(v_loss(0.5) - 0.275) < 1e-6
 # ## Exercise
 #
 # Implement the PPO policy loss with dual clip: `my_ppo_loss(logprobs, old_logprobs, advantages, clip_low,
-# clip_high, clip_c)` returning the mean loss over the samples (all inputs [N]). Replace the body; the cases mix
-# ratios inside and outside the clip range, with positive and negative advantages.
+# clip_high, clip_c)` returning the mean loss over the samples (all inputs [N]). Replace the body. Each case is
+# named for what it tests: a loss without the dual clip fails "dual clip c = 3: ..."; one that clips both sides
+# at 1 ± clip_low fails "asymmetric clip ..."; one that caps positive advantages too fails the first case.
 
 # %%
 def reference_ppo_loss(logprobs, old_logprobs, advantages, clip_low, clip_high, clip_c):
@@ -213,13 +320,23 @@ def my_ppo_loss(logprobs, old_logprobs, advantages, clip_low, clip_high, clip_c)
     return reference_ppo_loss(logprobs, old_logprobs, advantages, clip_low, clip_high, clip_c)
 
 
-def case(seed: int, n: int, clip_low: float, clip_high: float, clip_c: float):
+def case(seed: int, n: int, spread: float, adv_sign: float, clip_low: float, clip_high: float, clip_c: float):
+    """n samples with log-ratios ~ N(0, spread^2); advantages of one sign (adv_sign +1 or -1) or both (0)."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, generator=g) * 2, torch.randn(n, generator=g), torch.randn(n, generator=g),
-            clip_low, clip_high, clip_c)
+    old_logprobs = torch.randn(n, generator=g)
+    advantages = torch.randn(n, generator=g)
+    if adv_sign:
+        advantages = advantages.abs() * adv_sign
+    return old_logprobs + spread * torch.randn(n, generator=g), old_logprobs, advantages, clip_low, clip_high, clip_c
 
 
-CASES = [case(0, 64, 0.2, 0.2, 3.0), case(1, 128, 0.2, 0.28, 3.0), case(2, 32, 0.1, 0.3, 1.5)]
+CASES = {
+    "ratios inside the clip range": case(0, 64, 0.05, 0.0, 0.2, 0.2, 3.0),
+    "A > 0, ratios far from 1 (symmetric clip 0.2)": case(1, 64, 2.0, +1.0, 0.2, 0.2, 3.0),
+    "asymmetric clip (low 0.2, high 0.28), no dual clip reached": case(2, 128, 0.5, 0.0, 0.2, 0.28, 10.0),
+    "dual clip c = 3: A < 0, ratios far above 1": case(3, 64, 2.0, -1.0, 0.2, 0.2, 3.0),
+    "everything at once (low 0.1, high 0.3, c = 1.5)": case(4, 256, 1.0, 0.0, 0.1, 0.3, 1.5),
+}
 check_exercise(my_ppo_loss, reference_ppo_loss, CASES)
 
 

@@ -1,9 +1,9 @@
 # %% [markdown]
 # # 07 — Reasoning: prompts → sampled responses → a verifier's reward → GRPO → new weights
 #
-# Run it: `python tutorials/07_reasoning.py` (about a minute on a 2-core CPU: it warm-starts a tiny GPT-2, takes one
-# step apart, then trains 20 steps). Every stated fact is an `assert` in the cell after it.
-# Terms: [the glossary](glossary.md).
+# Run it: `python tutorials/07_reasoning.py` (it warm-starts a tiny GPT-2, takes one step apart, then trains 20 steps;
+# its time on 2 cores is in README's tutorial table, which the tests check). Every stated fact is an `assert` in the
+# cell after it. Words in doubt: the [glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #
@@ -15,7 +15,8 @@
 #     prompts ──► rollout: G responses per prompt (KV cache, sampled) ──► reward: verify each answer (±1)
 #        ──► actor: advantage = (r − group mean) / group std on every response token ──► clipped update ──► sync
 #
-# No critic: the G responses to the same prompt are each other's baseline (GRPO). The rollout, reward and actor
+# No critic: the G responses to the same prompt are each other's baseline (GRPO; the group size G is
+# `algorithm.group_size`, 8 here). The rollout, reward and actor
 # groups are started together and pass chunks of groups over channels, so a chunk is scored while the next one is
 # still being generated.
 #
@@ -29,6 +30,8 @@
 # - `rlinf_mini/reasoning_runner.py::ReasoningRunner.step`, `rlinf_mini/data/`, `rlinf_mini/models/tiny_lm.py`.
 
 # %%
+import time
+
 import torch
 from workbench import OUT, ROOT, check_exercise, matches
 
@@ -40,26 +43,30 @@ from stages.reasoning_reward import decode_responses, math_reward
 from stages.reasoning_rollout import generate
 from stages.reasoning_train import compute_grpo_token_advantages, compute_response_logprobs
 
-torch.set_num_threads(1)  # a 0.1 M-parameter model: one thread is the fastest
+torch.set_num_threads(1)  # as the warm start and the workers do: at 0.1 M parameters a second thread only waits
 RUNS = OUT / "runs"
 argv = ["--config", str(ROOT / "configs/math.yaml"), "--runner.logger.log-path", str(RUNS),
         "--runner.logger.experiment-name", "07_reasoning", "--actor.model.model-path", str(OUT / "tiny_lm"),
         "--data.train-data-paths", str(OUT / "data/train.jsonl"), "--data.val-data-paths", str(OUT / "data/val.jsonl"),
         "--runner.max-epochs", "20", "--runner.val-check-interval", "20", "--runner.save-interval", "-1"]
 cfg = load_config(argv)
-losses = create_tiny_lm(cfg, str(OUT / "tiny_lm"))  # writes the JSONL files, then 550 supervised steps (~10 s)
+start = time.monotonic()
+losses = create_tiny_lm(cfg, str(OUT / "tiny_lm"))  # writes the JSONL files, then 550 supervised steps
+print(f"warm start: {time.monotonic() - start:.0f} s (the longest part of this tutorial)")
 model, tokenizer = load_causal_lm(OUT / "tiny_lm")
 train = PromptDataset.from_jsonl(cfg.data.train_data_paths, cfg.data, tokenizer)
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters; supervised loss {losses[0]:.2f} -> {losses[-1]:.2f}")
 print("a train prompt:", repr(train.prompts[0]), "answers:", train.answers[0])
 assert losses[-1] < losses[0] / 5  # the warm start learned the format (right about half the time: see below)
+assert len(losses) == 550 and cfg.algorithm.group_size == 8
 
 # %% [markdown]
 # ## Run it
 #
 # One group: the first train prompt, G = 8 times, sampled at temperature 1. Each response's noise is
 # `counter_uniform(seed, sample id, token index)`, a hash: the same sample id gives the same response in any
-# batch, on any rank. A second prompt of another length rides along to show the left padding.
+# batch (checked below: sample 3 generated alone). A second prompt of another length rides along to show the left
+# padding.
 
 # %%
 G = cfg.algorithm.group_size
@@ -79,6 +86,7 @@ for text, r, a, m in zip(texts, rewards, advantages, out["response_mask"], stric
 # **The mask covers each response up to and including its `<eos>`**, and the tokens after it are padding.
 # **Within the group the advantages sum to zero** on every token position that all responses share, right answers
 # positive, wrong ones negative (if the group has both; a group where all agree teaches nothing: advantage 0).
+# **The same sample id gives the same response alone as in the batch.**
 
 # %%
 mask = out["response_mask"][:G]
@@ -86,30 +94,44 @@ for ids, m in zip(out["response_ids"][:G], mask, strict=True):
     n = int(m.sum())
     assert m[:n].all() and not m[n:].any()
     assert ids[n - 1] == tokenizer.eos_token_id or n == mask.shape[1]
+shared = int(mask.sum(dim=1).min())  # token positions that every response of the group has
+assert torch.allclose(advantages[:, :shared].sum(dim=0), torch.zeros(shared), atol=1e-4)
 first = advantages[:, 0]  # every response has a first token
-assert abs(float(first.sum())) < 1e-4
 assert ((first > 0) == (rewards > 0)).all() or (rewards == rewards[0]).all()
+assert (compute_grpo_token_advantages(torch.ones(G), mask.float(), G) == 0).all()  # all agree: nothing to learn
+assert cfg.algorithm.sampling_params.temperature == 1.0
+alone = generate(model, [train.prompt_ids[0]], torch.tensor([3]), cfg.algorithm.sampling_params, 4,
+                 tokenizer.pad_token_id, tokenizer.eos_token_id, seed=cfg.actor.seed)
+n3 = int(out["response_mask"][3].sum())
+assert torch.equal(alone["response_ids"][0, :n3], out["response_ids"][3, :n3])
 
 # %% [markdown]
 # **The prompts are left-padded and the positions count real tokens only.** The second prompt is shorter, so
-# its row starts with pad tokens (attention mask 0). **The actor's recomputation — one forward pass over
+# its row starts with pad tokens (attention mask 0), and its response is the one it gets alone, unpadded (same
+# sample id). **The actor's recomputation — one forward pass over
 # prompt + response, logits for the response positions only — gives the rollout's log-probs** to 1e-5; that is
-# what makes the PPO ratio start at exactly 1.
+# what makes the PPO ratio start at 1 (to within 1e-5).
 
 # %%
 lengths = out["prompt_mask"].sum(dim=1)  # [G + 1] real prompt tokens per row
 n_pad = int(lengths[0] - lengths[G])
 assert n_pad > 0 and (out["prompt_ids"][G, :n_pad] == tokenizer.pad_token_id).all()
 assert not out["prompt_mask"][G, :n_pad].any() and out["prompt_mask"][G, n_pad:].all()
+unpadded = generate(model, [train.prompt_ids[short]], torch.tensor([G]), cfg.algorithm.sampling_params, 4,
+                    tokenizer.pad_token_id, tokenizer.eos_token_id, seed=cfg.actor.seed)
+n_short = int(out["response_mask"][G].sum())
+assert unpadded["prompt_mask"].all() and torch.equal(unpadded["response_ids"][0, :n_short],
+                                                     out["response_ids"][G, :n_short])
 with torch.no_grad():
     recomputed = compute_response_logprobs(model, out["prompt_ids"], out["prompt_mask"], out["response_ids"],
                                            out["response_mask"], cfg.algorithm.sampling_params.temperature)
 assert torch.allclose(recomputed, out["logprobs"], atol=1e-5)
 
 # %% [markdown]
-# **Training raises held-out exact match.** The whole run through the runtime: `ReasoningRunPlan` (placement of
-# actor, rollout and reward; batch arithmetic; datasets), then the three groups and `ReasoningRunner`, 20 steps
-# of 16 prompts × 8 responses, evaluated greedily on the 256 held-out sums before and after.
+# **Training raises held-out exact match** by at least 0.05 (from about one half: the warm start). The whole run
+# through the runtime: `ReasoningRunPlan` (placement of actor, rollout and reward; batch arithmetic; datasets),
+# then the three groups and `ReasoningRunner`, 20 steps of 16 prompts × 8 responses, evaluated greedily on the
+# 256 held-out sums before and after.
 
 # %%
 from rlinf_mini.train import ReasoningRunPlan, build_and_run
@@ -118,7 +140,9 @@ plan = ReasoningRunPlan(cfg, "07_reasoning")
 history = build_and_run(cfg, plan)
 accuracy = [h["eval/accuracy"] for h in history if "eval/accuracy" in h]
 print(f"held-out exact match: {accuracy[0]:.3f} before -> {accuracy[-1]:.3f} after {len(history) - 1} steps")
-assert accuracy[-1] >= accuracy[0] + 0.05
+assert (cfg.data.rollout_batch_size, G, len(plan.val_set)) == (16, 8, 256)
+assert [h["step"] for h in history if "eval/accuracy" in h] == [0, 20] and len(history) == 21
+assert 0.4 <= accuracy[0] <= 0.6 and accuracy[-1] >= accuracy[0] + 0.05
 assert (plan.run_dir / "learning_curve.png").is_file()
 
 # %% [markdown]
@@ -136,7 +160,10 @@ assert (plan.run_dir / "learning_curve.png").is_file()
 #
 # Write GRPO's token advantages: `my_grpo_advantages(rewards [N], response_mask [N, R], group_size)` → [N, R]:
 # each response's reward minus its group's mean, divided by the group's (unbiased) std + 1e-6, on every token of
-# the response and 0 on padding. Replace the body; the cases include a group whose rewards all agree.
+# the response and 0 on padding. Replace the body. Each case is named for what it tests: an answer that
+# normalizes over the whole batch instead of each group of `group_size` passes "one group" and fails "two groups
+# of 4"; one that forgets the mask fails "responses of different lengths"; one without the + 1e-6 fails "a group
+# whose rewards all agree" (0 / 0).
 
 # %%
 def my_grpo_advantages(rewards, response_mask, group_size):
@@ -144,19 +171,29 @@ def my_grpo_advantages(rewards, response_mask, group_size):
     return compute_grpo_token_advantages(rewards, response_mask, group_size)
 
 
-def case(seed: int, groups: int, G: int, R: int):
+def case(seed: int, groups: int, G: int, R: int, ragged: bool):
+    """groups x G responses of rewards +1 / -1 and up to R tokens (all R unless ragged)."""
     g = torch.Generator().manual_seed(seed)
     rewards = torch.randint(0, 2, (groups * G,), generator=g).float() * 2 - 1
-    mask = (torch.arange(R) < torch.randint(1, R + 1, (groups * G, 1), generator=g)).float()
-    return rewards, mask, G
+    lengths = torch.randint(1, R + 1, (groups * G, 1), generator=g) if ragged else torch.full((groups * G, 1), R)
+    return rewards, (torch.arange(R) < lengths).float(), G
 
 
-CASES = [case(1, 2, 4, 3), case(2, 3, 8, 5), case(3, 1, 2, 1), (torch.ones(4), torch.ones(4, 2), 4)]
+CASES = {
+    "one group of 4, full-length responses": case(1, 1, 4, 3, ragged=False),
+    "responses of different lengths": case(2, 1, 4, 5, ragged=True),
+    "two groups of 4": case(3, 2, 4, 3, ragged=False),
+    "a group whose rewards all agree": (torch.tensor([1.0, 1, 1, 1, -1, 1, -1, -1]), torch.ones(8, 2), 4),
+    "three groups of 8, one-token responses": case(5, 3, 8, 1, ragged=False),
+    "groups of 2, scaled rewards": (torch.tensor([0.5, 2.0, -3.0, 1.0, 0.0, 0.0]), torch.ones(6, 3), 2),
+}
 check_exercise(my_grpo_advantages, compute_grpo_token_advantages, CASES)
 
 
-def forgets_the_mask(rewards, response_mask, group_size):
-    return compute_grpo_token_advantages(rewards, torch.ones_like(response_mask), group_size)
+def forgets_the_groups(rewards, response_mask, group_size):
+    return compute_grpo_token_advantages(rewards, response_mask, len(rewards))
 
 
-assert not matches(forgets_the_mask, compute_grpo_token_advantages, CASES)  # a wrong answer fails
+one_group = {"one group": CASES["one group of 4, full-length responses"]}
+assert matches(forgets_the_groups, compute_grpo_token_advantages, one_group)  # one group: right by accident
+assert not matches(forgets_the_groups, compute_grpo_token_advantages, CASES)  # a wrong answer fails
