@@ -90,7 +90,7 @@ class Channel:
         `empty` goes without a copy, under the rules given there."""
         timeout = self.default_timeout if timeout is None else timeout
         if codec._lent:  # this process holds buffers from empty(): the put-once and no-write-after rules
-            codec.claim(item, f"channel {self.name!r} key {key!r}")
+            codec.claim(item, self.name, key)
         try:
             ok = self.transport.put(key, item, time.monotonic() + timeout, self._check_workers, DRIVER_SLICE_S)
         except ConnectionError as e:
