@@ -89,7 +89,7 @@ class Channel:
         """Append `item` to queue `key`; blocks while the queue is full, at most `timeout` seconds. A tensor from
         `empty` goes without a copy, under the rules given there."""
         timeout = self.default_timeout if timeout is None else timeout
-        if codec._lent:  # this process holds buffers from empty(): the put-once and no-write-after rules
+        if codec.any_lent():  # this process holds buffers from empty(): the put-once and no-write-after rules
             codec.claim(item, self.name, key)
         try:
             ok = self.transport.put(key, item, time.monotonic() + timeout, self._check_workers, DRIVER_SLICE_S)

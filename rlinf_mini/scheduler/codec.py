@@ -190,8 +190,9 @@ def _when_freed(arr: Any, fn, *args) -> None:
 
 
 def _freed(ref: weakref.ref) -> None:
-    _, fn, args = _on_free.pop(id(ref))
-    fn(*args)
+    entry = _on_free.pop(id(ref), None)
+    if entry is not None:  # (None only while the interpreter shuts down)
+        entry[1](*entry[2])
 
 
 class _Pickler(pickle.Pickler):
@@ -230,6 +231,11 @@ class _Lent:
 
 
 _lent: dict[int, _Lent] = {}  # data_ptr -> record; a record goes when the buffer's memory is freed
+
+
+def any_lent() -> bool:
+    """Whether this process holds buffers from Channel.empty (the rules' checks run only then)."""
+    return bool(_lent)
 
 
 def lend(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:

@@ -253,10 +253,10 @@ def _copy(item: Any) -> Any:
     from Channel.empty: those are handed over as they are, as the local backend hands over their shared segment."""
     import torch
 
-    from rlinf_mini.scheduler import codec
-
     if isinstance(item, torch.Tensor):
-        return item if codec._lent and codec.hand_over(item) is not None else item.detach().clone()
+        from rlinf_mini.scheduler import codec
+
+        return item if codec.any_lent() and codec.hand_over(item) is not None else item.detach().clone()
     if isinstance(item, dict):
         return {k: _copy(v) for k, v in item.items()}
     if isinstance(item, (list, tuple)):
