@@ -57,6 +57,23 @@ def channel_producer(ch: Channel, n: int, make: str, key: str = "k") -> None:
         ch.put(item, key=key)
 
 
+def channel_producer_built(ch: Channel, n: int, in_place: bool, key: str = "k") -> float:
+    """n 786 KB batches, each built from a source frame with one numpy copy (as a renderer writes its frame), then
+    put. in_place: built in a channel.empty() buffer, which the put sends by its segment's name (zero copy); else
+    built in the producer's own tensor, which the put copies into a shared segment (the copying put). Returns the
+    producer's CPU seconds per message (time.thread_time: what it costs when it has a core, preemption left out)."""
+    import numpy as np
+
+    source = _make_item("large").numpy()
+    own = torch.empty(source.shape, dtype=torch.uint8)
+    start = time.thread_time()
+    for _ in range(n):
+        batch = ch.empty(source.shape, torch.uint8) if in_place else own
+        np.copyto(batch.numpy(), source)
+        ch.put(batch, key=key)
+    return (time.thread_time() - start) / n
+
+
 def channel_consumer(ch: Channel, n: int, key: str = "k") -> float:
     """The seconds taken by messages 2..n (the first one pays the producer's start-up)."""
     ch.get(key=key)

@@ -1,6 +1,7 @@
 """Why rlinf_mini does not use `multiprocess` (dill): it pickles tensors by copy. Side by side, one run:
-a 64x3x64x64 uint8 batch (786 KB) from one process to another through multiprocess.Queue, through our Channel,
-and the memcpy limit. Writes JSON with --out.
+a 64x3x64x64 uint8 batch (786 KB) from one process to another through multiprocess.Queue, through our Channel (a
+ready tensor, copied by each put; and each batch built in `Channel.empty`, put without a copy), and the memcpy limit.
+Writes JSON with --out. (`python -m benchmarks --only channel` is the measured row: median of interleaved rounds.)
 
     pip install multiprocess && python -m benchmarks.channel_vs_multiprocess [--n 200] [--out results/x.json]
 """
@@ -34,6 +35,16 @@ def _produce_channel(ch: Channel, n: int) -> None:
         ch.put(x, key=0)
 
 
+def _produce_channel_in_place(ch: Channel, n: int) -> None:
+    """Each batch built in a lent shared segment with one copy from a source frame, then put by name."""
+    torch.set_num_threads(1)
+    x = torch.randint(0, 255, BATCH, dtype=torch.uint8)
+    for _ in range(n):
+        buf = ch.empty(BATCH, torch.uint8)
+        buf.copy_(x)
+        ch.put(buf, key=0)
+
+
 def _receive(get, n: int) -> float:
     """GB/s over n-1 messages (the first one pays the producer's start-up)."""
     get()
@@ -61,12 +72,14 @@ def main() -> None:
     except ImportError:
         print("multiprocess is not installed: its row is skipped")
     server = ChannelServer()
-    server.create("bench", 4)
-    ch = Channel("bench", KernelQueues("bench", server.address, server.authkey, 30.0), 30.0)
-    p = multiprocessing.get_context("spawn").Process(target=_produce_channel, args=(ch, args.n))
-    p.start()
-    rows["rlinf_mini Channel"] = _receive(lambda: ch.get(key=0), args.n)
-    p.join()
+    for name, producer in (("rlinf_mini Channel", _produce_channel),
+                           ("rlinf_mini Channel, built in place", _produce_channel_in_place)):
+        server.create(name, 4)
+        ch = Channel(name, KernelQueues(name, server.address, server.authkey, 30.0), 30.0)
+        p = multiprocessing.get_context("spawn").Process(target=producer, args=(ch, args.n))
+        p.start()
+        rows[name] = _receive(lambda ch=ch: ch.get(key=0), args.n)
+        p.join()
     server.close()
     a, b = torch.empty(BATCH, dtype=torch.uint8), torch.empty(BATCH, dtype=torch.uint8)
     start = time.perf_counter()
@@ -74,9 +87,9 @@ def main() -> None:
         a.copy_(b)
     rows["memcpy (limit)"] = a.numel() * 2000 / (time.perf_counter() - start) / 1e9
     limit = rows["memcpy (limit)"]
-    print(f"{'transport':28s} {'GB/s':>8s} {'x memcpy':>9s}")
+    print(f"{'transport':36s} {'GB/s':>8s} {'x memcpy':>9s}")
     for name, gbps in rows.items():
-        print(f"{name:28s} {gbps:8.2f} {gbps / limit:9.3f}")
+        print(f"{name:36s} {gbps:8.2f} {gbps / limit:9.3f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=2))

@@ -108,8 +108,13 @@ class EnvWorker(Worker):
         keys = [(mode, self._rank, k) for k in range(self.stage_num)]
         trajs = [{name: [] for name in TRAJECTORY_KEYS} for _ in range(self.stage_num)]
         stats: dict[str, list[torch.Tensor]] = {"return": [], "episode_len": [], "success_once": []}
-        for k, env in enumerate(envs):  # prime the pipeline: every stage's first observation
-            rollout_channel.put({"obs": obs[k], "env_ids": env.env_ids, "sample_step": sample_base}, key=keys[k])
+        for env in envs:  # an env that renders (PixelReach) draws each frame into the channel's memory: no copy on put
+            if hasattr(env.env, "obs_empty"):
+                env.env.obs_empty = rollout_channel.empty
+        for k, env in enumerate(envs):  # prime the pipeline: every stage's first observation, a clone (after the
+            # first epoch it is the last one's final observation, put already for its bootstrap value: Channel.empty)
+            first = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, obs[k])
+            rollout_channel.put({"obs": first, "env_ids": env.env_ids, "sample_step": sample_base}, key=keys[k])
         for t in range(n_steps):
             for k, env in enumerate(envs):
                 with span("wait_actions", stage=k):
@@ -117,7 +122,8 @@ class EnvWorker(Worker):
                 with span("env_step", stage=k):
                     next_obs, rewards, terminations, truncations, ep = env.chunk_step(out["actions"])
                 # The last observation is only needed for the bootstrap value. Sent before the bookkeeping below, so
-                # that the rollout infers while the env records (the channel copied the tensors: no aliasing).
+                # that the rollout infers while the env records (which only reads next_obs: a frame drawn in the
+                # channel's memory is the rollout's to read from its put on, Channel.empty).
                 if t + 1 < n_steps or record:
                     rollout_channel.put({"obs": next_obs, "env_ids": env.env_ids,
                                          "sample_step": sample_base + t + 1}, key=keys[k])

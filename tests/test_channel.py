@@ -1,18 +1,24 @@
 """The channel's transport: per-key kernel queues shared by several producers and consumers (exactly-once delivery,
-the bound holds), exact qsize, large pickles as shared-memory blobs, and ChannelClosed when the server goes away."""
+the bound holds), exact qsize, large pickles as shared-memory blobs, and ChannelClosed when the server goes away.
+The zero-copy put (Channel.empty): a batch built in a lent segment arrives bitwise in another process, in the very
+segment the producer filled, each segment free again once both sides dropped it; its rules (put once, no write
+after the put) are enforced the same on local and inline (and on Ray: test_ray.py); an env that draws frames in
+shared memory trains bitwise the same on local and inline."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
 import pytest
 import torch
-from toy_workers import EchoWorker
+from conftest import write_config
+from toy_workers import LENT_BATCH, EchoWorker, batch_pattern
 
-from rlinf_mini.config import ClusterConfig
+from rlinf_mini.config import ClusterConfig, load_config
 from rlinf_mini.scheduler import codec, local
-from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelTimeout
+from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelTimeout, LentBufferError
 from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.scheduler.local import ChannelServer, KernelQueues
 from rlinf_mini.scheduler.worker import WorkerDiedError
@@ -111,3 +117,113 @@ def test_a_blocked_get_in_the_driver_ends_when_a_worker_dies(cluster):
     assert time.monotonic() - start < 5
     doomed.shutdown()
     cluster.groups.remove(doomed)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Channel.empty: a batch built in place and put without a copy
+
+
+def test_a_batch_built_in_a_lent_segment_arrives_bitwise_in_another_process_without_a_copy(cluster, echo):
+    ch = Channel.create("inplace", cluster, maxsize=2)
+    produced = echo.execute_on(0).produce_in_place(ch, 6, "k")
+    got = [ch.get(key="k", timeout=20) for _ in range(6)]  # all kept: none of their segments may be reused meanwhile
+    names = produced.wait()[0]
+    assert all(name is not None and name.startswith("rlmini_") for name in names)
+    assert len(set(names)) == 6  # the consumer holds every batch, so the producer built each in a segment of its own
+    for i, msg in enumerate(got):
+        assert msg["i"] == i and torch.equal(msg["obs"], batch_pattern(i))
+        assert codec.shared_segment_of(msg["obs"]) == names[i]  # the bytes the producer wrote, mapped: no copy
+    del got, msg
+    gc.collect()  # the consumer drops them: each segment is free again (the producer dropped its side after the put)
+    produced = echo.execute_on(0).produce_in_place(ch, 6, "k")
+    for i in range(6):
+        msg = ch.get(key="k", timeout=20)
+        assert torch.equal(msg["obs"], batch_pattern(i))
+        del msg
+    assert set(produced.wait()[0]) <= set(names)  # reused, none added
+
+
+def check_lent_buffer_rules(ch: Channel, backend: str) -> None:
+    """What every backend does with a buffer from Channel.empty (test_ray.py runs it on Ray)."""
+    buf = ch.empty(LENT_BATCH, torch.uint8)
+    buf.copy_(batch_pattern(1))
+    ch.put({"obs": buf}, key="k")
+    with pytest.raises(LentBufferError, match=rf"channel '{ch.name}' key 'again': this buffer from Channel.empty\(\) "
+                                              rf"was put already, on channel '{ch.name}' key 'k'"):
+        ch.put(buf, key="again")  # refused before anything is sent
+    got = ch.get(key="k", timeout=10)["obs"]
+    assert torch.equal(got, batch_pattern(1)) and ch.qsize("again") == 0
+    if backend == "local":  # the consumer maps the producer's segment (here both are this process)
+        assert codec.shared_segment_of(got) == codec.shared_segment_of(buf) is not None
+    elif backend == "inline":  # handed over as it is, without the clone inline makes of other tensors
+        assert got.data_ptr() == buf.data_ptr()
+    buf[0, 0, 0, 0] += 1  # a write after the put: the consumer may see it, so the next put or empty() says so
+    with pytest.raises(LentBufferError, match=rf"put on channel '{ch.name}' key 'k' was written after its put"):
+        ch.put("next", key="k")
+    ch.put("next", key="k")  # reported once; a clone of a put buffer is an ordinary tensor
+    ch.put(buf.clone(), key="k")
+    assert ch.get(key="k", timeout=10) == "next" and torch.equal(ch.get(key="k", timeout=10), buf)
+    small = ch.empty((4,), torch.float32)  # under SHM_MIN_BYTES: ordinary memory, the same rules
+    small.fill_(2.0)
+    ch.put(small, key="k")
+    with pytest.raises(LentBufferError, match="put already"):
+        ch.put(small, key="k")
+    assert torch.equal(ch.get(key="k", timeout=10), torch.full((4,), 2.0))
+    with pytest.raises(TypeError, match=rf"channel '{ch.name}' empty\(\): dtype must be a torch.dtype, got 'uint8'"):
+        ch.empty((4,), "uint8")
+
+
+@pytest.mark.parametrize("backend", ["local", "inline"])
+def test_a_lent_buffer_put_twice_or_written_after_its_put_is_refused_by_name(cluster, backend):
+    if backend == "local":
+        check_lent_buffer_rules(Channel.create("rules", cluster, maxsize=4), backend)
+        return
+    inline = Cluster(ClusterConfig(num_devices=2, timeout_s=20, backend="inline"))
+    try:
+        check_lent_buffer_rules(Channel.create("rules", inline, maxsize=4), backend)
+    finally:
+        inline.shutdown()
+
+
+def test_frames_drawn_in_shared_memory_train_bitwise_the_same_on_local_and_inline(tmp_path):
+    """PixelReach draws each frame in its rollout channel's memory (60x60 pixels x 8 envs per stage: 86 KB, over
+    SHM_MIN_BYTES, so local puts it without a copy); two rollouts' trajectories (the VLA's forward inputs, images
+    included: the env's frames as the rollout read them) agree bitwise with inline's, where the frames go as plain
+    tensors. Two rollouts: the second starts from the first's last frame, which was put already (rollout.py)."""
+    from rlinf_mini.train import RunPlan, launch
+
+    side = 5 * 12
+    assert 8 * 3 * side * side >= codec.SHM_MIN_BYTES
+    out = {}
+    for backend in ("local", "inline"):
+        (tmp_path / backend).mkdir()
+        cluster = {"backend": backend, "num_devices": 1, "component_placement": {"env,rollout,actor": "0"}}  # 3 ranks
+        path = write_config(tmp_path / backend, base="configs/embodied.yaml", cluster=cluster,
+                            runner={"max_epochs": 1, "val_check_interval": -1, "save_interval": -1,
+                                    "progress_bar": False, "logger": {"logger_backends": []}},
+                            env={"train": {"total_num_envs": 16, "max_steps_per_rollout_epoch": 4,
+                                           "init_params": {"cell_pixels": 12}},
+                                 "eval": {"total_num_envs": 2, "init_params": {"cell_pixels": 12}}},
+                            actor={"global_batch_size": 32, "micro_batch_size": 16,
+                                   "model": {"model_path": str(tmp_path / "tiny_vla"), "patch_size": 12}})
+        cfg = load_config(["--config", str(path)])
+        plan = RunPlan(cfg, str(path))
+        plan.run_dir.mkdir(parents=True)
+        c = Cluster(cfg.cluster)
+        try:
+            runner = launch(cfg, plan, c)
+            runner.init_workers()
+            runner.update_rollout_weights()
+            out[backend] = []
+            for step in range(2):
+                runner.global_step = step
+                runner.generate_rollouts()
+                out[backend] += runner.actor.get_rollout_batch().wait()  # per actor rank
+        finally:
+            c.shutdown()
+    assert out["local"][0]["obs"]["images"].shape[-1] == side
+    for a, b in zip(out["local"], out["inline"], strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            va, vb = (a[k], b[k]) if isinstance(a[k], dict) else ({k: a[k]}, {k: b[k]})
+            assert va.keys() == vb.keys() and all(torch.equal(va[n], vb[n]) for n in va), k

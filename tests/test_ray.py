@@ -21,6 +21,7 @@ import ray  # noqa: E402
 import ray.cluster_utils  # noqa: E402
 import torch  # noqa: E402
 from conftest import ROOT, marked_processes, write_config  # noqa: E402
+from test_channel import check_lent_buffer_rules  # noqa: E402
 from test_pipeline import SMALL, cat_ranks, small_cfg  # noqa: E402
 from toy_workers import BrokenWorker, EchoWorker  # noqa: E402
 
@@ -206,6 +207,11 @@ def test_channels_cross_nodes_bounded_and_in_order(two_nodes):
     with pytest.raises(WorkerDiedError, match=rf"Echo rank 1 \(pid {pid}\) died with Ray actor died"):
         unbounded.get(key="never", timeout=20)
     assert time.monotonic() - start < 10
+
+
+def test_a_lent_buffer_follows_the_same_rules_on_ray(two_nodes):
+    """Channel.empty on Ray is ordinary memory (the object store copies on put), under the rules of every backend."""
+    check_lent_buffer_rules(Channel.create("rules", two_nodes, maxsize=4), "ray")
 
 
 def test_num_nodes_beyond_the_ray_cluster_is_refused(ray_cluster):

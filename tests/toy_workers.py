@@ -9,6 +9,14 @@ import torch
 
 from rlinf_mini.scheduler.worker import Worker
 
+LENT_BATCH = (16, 3, 64, 64)  # 196 KB of uint8: over the codec's SHM_MIN_BYTES, so local lends a shared segment
+
+
+def batch_pattern(i: int) -> torch.Tensor:
+    """uint8 LENT_BATCH: a different byte pattern for every i."""
+    n = LENT_BATCH[0] * LENT_BATCH[1] * LENT_BATCH[2] * LENT_BATCH[3]
+    return ((torch.arange(n) * (i + 1) + i) % 251).to(torch.uint8).view(LENT_BATCH)
+
 
 class EchoWorker(Worker):
     def __init__(self, cfg, tag: str = ""):
@@ -45,6 +53,19 @@ class EchoWorker(Worker):
 
     def consume(self, channel, n: int, key, timeout: float | None = None):
         return [channel.get(key=key, timeout=timeout) for _ in range(n)]
+
+    def produce_in_place(self, channel, n: int, key) -> list[str | None]:
+        """n batches, batch i built as batch_pattern(i) in a channel.empty() buffer and put without a copy; returns
+        the shared segment each was built in."""
+        from rlinf_mini.scheduler import codec
+
+        names = []
+        for i in range(n):
+            buf = channel.empty(LENT_BATCH, torch.uint8)
+            buf.copy_(batch_pattern(i))
+            names.append(codec.shared_segment_of(buf))
+            channel.put({"obs": buf, "i": i}, key=key)
+        return names
 
     def unpicklable(self):
         return lambda: None  # a lambda cannot be pickled back to the driver

@@ -26,7 +26,9 @@ Every VectorEnv (FakeReachEnv in fake_reach.py, GymnasiumVectorEnv in gym_adapte
 FakeReach and PixelReach write only their sub-step; the chunk loop with these rules is `TorchChunkEnv` in base.py.
 
 RLinf counterpart: `rlinf/envs/__init__.py::get_env_cls` and `ManiskillEnv.chunk_step` (rlinf-map.md, section 9).
-Optional: `render() -> uint8 [B, 3, H, W]` frames for eval videos (rlinf_mini/envs/video.py).
+Optional: `render() -> uint8 [B, 3, H, W]` frames for eval videos (rlinf_mini/envs/video.py); `obs_empty(shape,
+dtype)`, where an env that draws images allocates each frame (PixelReach): the env worker sets it to its rollout
+channel's `empty`, so that the frame is drawn in shared memory and put without a copy.
 Left out: offloading, `ignore_terminations`, and the `final_observation` info.
 RLinf's ManiSkill env finishes a chunk in the ended episode and resets after it; we reset at once, as stated above.
 """

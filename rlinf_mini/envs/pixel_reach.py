@@ -69,10 +69,14 @@ class PixelReachEnv(TorchChunkEnv):
     def task_descriptions(self) -> list[str]:
         return [INSTRUCTION.format(COLORS[t]) for t in self.target.tolist()]
 
+    obs_empty = staticmethod(torch.empty)
+    """(shape, dtype) -> the tensor a frame is drawn into; the env worker sets its rollout channel's `empty`, so that
+    each frame is drawn in shared memory and put without a copy (Channel.empty)."""
+
     def render(self) -> torch.Tensor:
         """uint8 [B, 3, H, W]: black background, coloured blocks, the agent as a white square in its cell."""
         B, G, P = self.num_envs, self.grid, self.cell
-        img = torch.zeros(B, 3, G * P, G * P, dtype=torch.uint8)
+        img = self.obs_empty((B, 3, G * P, G * P), dtype=torch.uint8).zero_()
         rows = torch.arange(B)
         for i, color in enumerate(COLORS):
             r, c = self.blocks[:, i, 0], self.blocks[:, i, 1]

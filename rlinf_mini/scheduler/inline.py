@@ -16,8 +16,9 @@ worker.py). Why threads that take turns, and not coroutines or free threads:
 - the env <-> rollout pipeline still pipelines: while the env steps stage k the rollout has stage k+1's observations
   and runs as soon as the env waits; the two take turns instead of overlapping on two cores.
 Channels are in-process queues (no pickling, no shared memory); an item's tensors are cloned on put, as a process
-boundary would copy them. Group-call arguments and results are passed by reference. The actor's collective is an
-in-process all-reduce over the group's threads (`InlineCollective`): with two ranks its sums are bitwise gloo's.
+boundary would copy them, but for buffers from `Channel.empty`, which go as they are (as local sends them).
+Group-call arguments and results are passed by reference. The actor's collective is an in-process all-reduce over
+the group's threads (`InlineCollective`): with two ranks its sums are bitwise gloo's.
 Timeouts, error reports (group, rank, traceback) and Ctrl-C behave as with `local`, but for a hung rank: it keeps the
 turn, so no other rank runs; the driver's timeout then names the rank that holds the turn and its method, and the
 rank is abandoned (a thread cannot be killed). Faults that end a process (kill9, exit, segv) would end the driver.
@@ -248,11 +249,14 @@ class _Member:
 
 
 def _copy(item: Any) -> Any:
-    """The item with its tensors cloned (what crossing a process boundary would give the consumer)."""
+    """The item with its tensors cloned (what crossing a process boundary would give the consumer), but for buffers
+    from Channel.empty: those are handed over as they are, as the local backend hands over their shared segment."""
     import torch
 
     if isinstance(item, torch.Tensor):
-        return item.detach().clone()
+        from rlinf_mini.scheduler import codec
+
+        return item if codec.any_lent() and codec.hand_over(item) is not None else item.detach().clone()
     if isinstance(item, dict):
         return {k: _copy(v) for k, v in item.items()}
     if isinstance(item, (list, tuple)):

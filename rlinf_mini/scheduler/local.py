@@ -559,6 +559,12 @@ class KernelQueues:
                 except BlockingIOError:  # another producer / consumer was faster
                     continue
 
+    def empty(self, shape: tuple[int, ...], dtype) -> Any:
+        """A tensor in this process's pool of shared segments, which a put sends by name (Channel.empty)."""
+        from rlinf_mini.scheduler import codec
+
+        return codec.lend(shape, dtype, shared=True)
+
     def put(self, key: Hashable, item: Any, deadline: float, check, slice_s: float) -> bool:
         from rlinf_mini.scheduler import codec
 
