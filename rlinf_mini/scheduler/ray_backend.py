@@ -16,8 +16,13 @@
   What a 786 KB message costs (profiled on 2 cores shared with other jobs, load 11-14): ~10 ms of CPU over four
   processes (producer ~4.5: ray.put ~1.3, the put call and the owner's side of Ray's borrowing protocol; queue
   actor ~3.5 for two calls; consumer ~2.5: the get call, ray.get of a borrowed ref 1.5-2.4 ms; raylet ~1.8),
-  where ray.put in one process and ray.get in another cost ~2.3 ms. So on a busy machine a message costs its
-  CPU, and pipelining (which hides round trips) gains little there; the two actor calls per message are the floor.
+  where ray.put in one process and ray.get in another cost ~2.3 ms. On a busy machine a message costs its CPU, so
+  pipelining, which hides round trips, gains ~20 % there. The floor is the two actor calls: a call to an async
+  actor costs ~1.5-2.1 ms of CPU (caller and actor, measured with an empty method), so a put call and a get call on
+  top of the object store's ~2.3 ms cap a 786 KB message at ~0.35-0.45x where the CPU is the limit. Tried, no
+  less CPU in total: items by value through the actor (no nested ObjectRef, but a copy in the actor), a threaded
+  instead of an async actor (~0.4 ms less per call). Left out: a get that takes several queued items in one call,
+  which would hand a key's items to one consumer ahead of its gets (and past the bound).
 - Weight sync across nodes (stages/sync.py) uses the same queues (`weights_mailbox`).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py` (ray.init, node order), `worker/worker_group.py` (one actor
@@ -424,7 +429,7 @@ class _ChannelActor:
             return waited, room
         finally:  # inserted or given up: the producer's next put may go
             async with self.turns:
-                self.next_seq[me] = seq + 1
+                self.next_seq[me] = max(self.next_seq.get(me, 0), seq + 1)
                 self.turns.notify_all()
 
     async def _put(self, q: asyncio.Queue, wrapped: Any, timeout: float) -> tuple[float, int]:
@@ -468,8 +473,9 @@ class _Outbox:
     """One process's pipelined puts to one key of one channel: how many slots it knows are free, and the puts the
     queue actor has not answered yet (their ObjectRefs, oldest first, with the timeout each was given)."""
 
-    def __init__(self):
+    def __init__(self, producer: str):
         self.lock = threading.Lock()  # a Channel may be used from several threads of a process
+        self.producer = producer  # who the queue actor orders these puts as (this process, this channel handle)
         self.seq = 0  # the next put's turn
         self.room = 0  # free slots known for sure (none, until a put's answer says)
         self.in_flight: deque[tuple[Any, float]] = deque()
@@ -501,7 +507,7 @@ class RayQueues:
         box = _outboxes.get((self.uid, key))
         if box is None:
             with _outboxes_lock:
-                box = _outboxes.setdefault((self.uid, key), _Outbox())
+                box = _outboxes.setdefault((self.uid, key), _Outbox(f"{_PRODUCER_ID}-{self.uid}"))
         return box
 
     def _session(self) -> None:
@@ -570,7 +576,7 @@ class RayQueues:
                 self._reap(key, box, wait_all=True)  # ...and their answers say how many are free now
             if box.room > 0 or self.maxsize <= 0:  # a slot is free for sure: send, and do not wait for the answer
                 timeout = max(0.0, deadline - time.monotonic())
-                ref = self.actor.put.remote(self.name, key, wrapped, timeout, (_PRODUCER_ID, box.seq))
+                ref = self.actor.put.remote(self.name, key, wrapped, timeout, (box.producer, box.seq))
                 box.seq += 1
                 box.room -= 1
                 box.in_flight.append((ref, timeout))
