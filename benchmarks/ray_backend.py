@@ -4,12 +4,17 @@
 
 - group call round trip (a no-op on 1 and on 4 ranks) vs a bare Ray actor call (`ray.get(a.noop.remote())`, and the
   same on 4 bare actors at once); target: ours <= 2x bare;
-- channel messages from one rank to another through the queue actor, large (786 KB) and small, vs `ray.put` +
-  `ray.get` of the same item in one rank (the object store alone); target for large: >= 0.5x;
+- channel messages from one rank to another through the queue actor, large (786 KB and 9.6 MB) and small, vs the
+  object store alone between the same two ranks: `ray.put` of the item n times in the producer rank, the n refs
+  handed to the consumer rank in one call (untimed), `ray.get` of each there; the baseline's seconds per message are
+  the producer's put seconds plus the consumer's get seconds. Target for large: >= 0.5x;
 - the runner's rollout env steps/s on configs/embodied_mlp.yaml, ray vs local (same config, same process layout).
 
 Everything runs on a private Ray instance of this machine (ray.init(address="local"), stopped at the end). Figures are
-medians (calls) or best of 3 (throughput) after a warm-up.
+medians (calls) after a warm-up, or, for channels, the median of rounds in which ours and the baseline run in turn
+(3 in --quick), each row with the spread of its ratio.
+
+    python -m benchmarks.ray_backend --channels    # the channel rows alone
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from stages.placement import ComponentPlacement
 
 # calls, large messages (huge: a quarter of them), small messages, runner steps
 SIZES = {"full": (1000, 400, 3000, 20), "quick": (300, 200, 1000, 8), "tiny": (10, 8, 20, 1)}
+REPS = {"full": 5, "quick": 3, "tiny": 1}  # rounds of every channel row (as benchmarks/__main__.py)
 
 
 def _item(kind: str):
@@ -56,13 +62,19 @@ class RayBenchWorker(Worker):
             channel.get(key="k")
         return time.perf_counter() - start
 
-    def put_get(self, n: int, kind: str) -> float:
-        """Seconds for n x (ray.put + ray.get) of the same item: the object store alone."""
+    def put_refs(self, n: int, kind: str) -> tuple[float, list]:
+        """(seconds for n x ray.put of the item, the refs): the producer's side of the object store alone."""
         item = _item(kind)
         ray.get(ray.put(item))
         start = time.perf_counter()
-        for _ in range(n):
-            ray.get(ray.put(item))
+        refs = [ray.put(item) for _ in range(n)]
+        return time.perf_counter() - start, refs
+
+    def get_refs(self, refs: list) -> float:
+        """Seconds for ray.get of each ref (passed nested in a list, so they arrive as refs): the consumer's side."""
+        start = time.perf_counter()
+        for ref in refs[0]:
+            ray.get(ref)
         return time.perf_counter() - start
 
 
@@ -76,52 +88,71 @@ def _strategy(devices: str, num_devices: int = 2):
     return ComponentPlacement({"p": devices}, num_devices).get_strategy("p")
 
 
-def group_calls_and_channels(n_calls: int, n_large: int, n_small: int) -> list[Row]:
+def group_calls(group, n_calls: int) -> list[Row]:
+    rows = []
+    bare = [_Bare.remote() for _ in range(4)]
+    ray.get([a.noop.remote() for a in bare])
+    for ranks in (1, 4):
+        ours = group.execute_on(0).noop if ranks == 1 else group.noop
+        ours().wait()
+        ours_s = median_call_s(lambda ours=ours: ours().wait(), n_calls)
+        actors = bare[:ranks]
+        bare_s = median_call_s(lambda actors=actors: ray.get([a.noop.remote() for a in actors]), n_calls)
+        rows.append(Row(f"ray: group call round trip, no-op on {ranks} rank{'s' * (ranks > 1)}", "us",
+                        ours_s * 1e6, bare_s * 1e6, "bare Ray actor call" + (" x4" if ranks > 1 else ""),
+                        ratio=ours_s / bare_s, ratio_of="ours/bare", target="<= 2", note=f"median of {n_calls}"))
+    for a in bare:
+        ray.kill(a)
+    return rows
+
+
+def channels(cluster, group, n_large: int, n_small: int, reps: int) -> list[Row]:
+    """Rank 0 puts, rank 1 gets: through a channel (maxsize 4, as the runner's), then through the object store alone
+    (ray.put in rank 0, ray.get in rank 1), in turn, `reps` rounds."""
+    kinds = (("large", n_large), ("huge", max(4, n_large // 4)), ("small", n_small))
+    measured: dict[str, list[dict]] = {kind: [] for kind, _ in kinds}
+    for rep in range(reps):
+        for kind, n in kinds:
+            channel = Channel.create(f"bench_{kind}_{rep}", cluster, maxsize=4)
+            consumed = group.execute_on(1).consume(channel, n)
+            group.execute_on(0).produce(channel, n, kind).wait()
+            ours = (n - 1) / consumed.wait()[0]  # messages/s
+            put_s, refs = group.execute_on(0).put_refs(n, kind).wait()[0]
+            get_s = group.execute_on(1).get_refs([refs]).wait()[0]
+            del refs
+            base = n / (put_s + get_s)
+            scale = 1.0 if kind == "small" else _item(kind).numel() / 1e9  # GB/s for the large rows
+            measured[kind].append({"ours": ours * scale, "baseline": base * scale, "ratio": ours / base})
+    rows, base_name = [], "ray.put in one rank + ray.get in another"
+    for kind, n in kinds:
+        note = f"median of {reps} rounds x {n} messages, ours and the baseline in turn"
+        if kind == "small":
+            rows.append(Row.from_reps("ray: channel, small (dict of 4 scalars), rank to rank", "msg/s", measured[kind],
+                                      baseline_name=base_name, ratio_of="ours/baseline",
+                                      note=note + "; a round trip to the queue actor per get"))
+        else:
+            size = "786 KB" if kind == "large" else "9.6 MB"
+            rows.append(Row.from_reps(f"ray: channel, large ({size} uint8), rank to rank", "GB/s", measured[kind],
+                                      baseline_name=base_name, ratio_of="ours/baseline",
+                                      target=">= 0.5", note=note))
+    return rows
+
+
+def group_calls_and_channels(n_calls: int, n_large: int, n_small: int, reps: int, calls: bool = True) -> list[Row]:
     rows = []
     cluster = Cluster(ClusterConfig(backend="ray", num_devices=2, timeout_s=60))
     try:
         group = RayBenchWorker.create_group(None).launch(cluster, _strategy("0-1:0-3"), name="Bench")  # 4 ranks
         group.noop().wait()
-        bare = [_Bare.remote() for _ in range(4)]
-        ray.get([a.noop.remote() for a in bare])
-        for ranks in (1, 4):
-            ours = group.execute_on(0).noop if ranks == 1 else group.noop
-            ours().wait()
-            ours_s = median_call_s(lambda ours=ours: ours().wait(), n_calls)
-            actors = bare[:ranks]
-            bare_s = median_call_s(lambda actors=actors: ray.get([a.noop.remote() for a in actors]), n_calls)
-            rows.append(Row(f"ray: group call round trip, no-op on {ranks} rank{'s' * (ranks > 1)}", "us",
-                            ours_s * 1e6, bare_s * 1e6, "bare Ray actor call" + (" x4" if ranks > 1 else ""),
-                            ratio=ours_s / bare_s, ratio_of="ours/bare", target="<= 2",
-                            note=f"median of {n_calls}"))
-        for a in bare:
-            ray.kill(a)
-        for kind, n in (("large", n_large), ("huge", max(4, n_large // 4)), ("small", n_small)):
-            ours_best = base_best = float("inf")
-            for rep in range(3):
-                channel = Channel.create(f"bench_{kind}_{rep}", cluster, maxsize=4)  # bounded, as the runner's
-                consumed = group.execute_on(1).consume(channel, n)
-                group.execute_on(0).produce(channel, n, kind).wait()
-                ours_best = min(ours_best, consumed.wait()[0])
-                base_best = min(base_best, group.execute_on(2).put_get(n, kind).wait()[0])
-            ours_rate, base_rate = (n - 1) / ours_best, n / base_best
-            if kind != "small":
-                nbytes = _item(kind).numel()
-                size = "786 KB" if kind == "large" else "9.6 MB"
-                rows.append(Row(f"ray: channel, large ({size} uint8), rank to rank", "GB/s", ours_rate * nbytes / 1e9,
-                                base_rate * nbytes / 1e9, "ray.put + ray.get, one rank", ratio=ours_rate / base_rate,
-                                ratio_of="ours/baseline", target=">= 0.5", note=f"best of 3 x {n} messages"))
-            else:
-                rows.append(Row("ray: channel, small (dict of 4 scalars), rank to rank", "msg/s", ours_rate,
-                                base_rate, "ray.put + ray.get, one rank", ratio=ours_rate / base_rate,
-                                ratio_of="ours/baseline", note=f"best of 3 x {n} messages; maxsize 4: a round "
-                                "trip to the queue actor per put and per get"))
+        if calls:
+            rows += group_calls(group, n_calls)
+        rows += channels(cluster, group, n_large, n_small, reps)
     finally:
         cluster.shutdown()
     return rows
 
 
-def ray_rows(mode: str = "quick") -> list[Row]:
+def ray_rows(mode: str = "quick", channels_only: bool = False) -> list[Row]:
     from rlinf_mini.scheduler.ray_backend import _import_roots
 
     n_calls, n_large, n_small, steps = SIZES[mode]
@@ -129,7 +160,9 @@ def ray_rows(mode: str = "quick") -> list[Row]:
     ray.init(address="local", include_dashboard=False, logging_level="WARNING",
              runtime_env={"env_vars": {"PYTHONPATH": _import_roots()}})
     try:
-        rows = group_calls_and_channels(n_calls, n_large, n_small)
+        rows = group_calls_and_channels(n_calls, n_large, n_small, REPS[mode], calls=not channels_only)
+        if channels_only:
+            return rows
         ours = runner_rollout_rate("configs/embodied_mlp.yaml", steps, "--cluster.backend", "ray")
     finally:
         ray.shutdown()
@@ -143,4 +176,5 @@ if __name__ == "__main__":
     from benchmarks.ray_backend import ray_rows as rows_of  # by module name: ranks import the worker class by it
     from benchmarks.table import format_table
 
-    print(format_table(rows_of("tiny" if "--tiny" in sys.argv else "quick"), markdown="--markdown" in sys.argv))
+    mode = "tiny" if "--tiny" in sys.argv else "quick"
+    print(format_table(rows_of(mode, channels_only="--channels" in sys.argv), markdown="--markdown" in sys.argv))

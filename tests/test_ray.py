@@ -2,7 +2,8 @@
 node, shared by the whole session): the same run is bitwise the same on local, ray with 1 node and ray with 2 nodes
 (actor rank 0 on node 0, env and rollout on node 1: the cross-node weight path, and the actor's all-reduce across
 the nodes); a kill -9, an exception, a hang and a failed constructor are reported as on local; channels through the
-queue actor; Ctrl-C leaves no actor and no Ray process. After every test no actor of ours is alive."""
+queue actor, with pipelined puts (order, bound and timeouts kept; a producer killed with puts in flight hangs no
+consumer); Ctrl-C leaves no actor and no Ray process. After every test no actor of ours is alive."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from test_pipeline import SMALL, cat_ranks, small_cfg  # noqa: E402
 from toy_workers import BrokenWorker, EchoWorker  # noqa: E402
 
 from rlinf_mini.config import ClusterConfig  # noqa: E402
-from rlinf_mini.scheduler.channel import Channel, ChannelTimeout  # noqa: E402
+from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelTimeout  # noqa: E402
 from rlinf_mini.scheduler.cluster import Cluster  # noqa: E402
-from rlinf_mini.scheduler.ray_backend import _import_roots  # noqa: E402
+from rlinf_mini.scheduler.ray_backend import MAX_IN_FLIGHT, _import_roots  # noqa: E402
 from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError  # noqa: E402
 from rlinf_mini.train import RunPlan, launch  # noqa: E402
 from stages.placement import ComponentPlacement  # noqa: E402
@@ -168,14 +169,16 @@ def test_exception_constructor_failure_and_hang_are_reported_like_local(two_node
 def test_channels_cross_nodes_bounded_and_in_order(two_nodes):
     group = launch_echo(two_nodes, "0-1", 2, "Echo")
     bounded = Channel.create("bounded", two_nodes, maxsize=2)
-    items = [torch.randn(1000) for _ in range(5)] + [{"small": torch.arange(3), "text": "x"}]
+    # large (80 KB: by ObjectRef through the object store) and small (as bytes) in turn: the puts are pipelined
+    items = [torch.full((20_000,), i) if i % 2 else torch.randn(1000) for i in range(20)]
+    items.append({"small": torch.arange(3), "text": "x"})
     consumed = group.execute_on(1).consume(bounded, len(items), "k", 20)  # node 1 reads what node 0 writes
     produced = group.execute_on(0).produce(bounded, items, "k")
     assert produced.wait() == [len(items)]
     got = consumed.wait()[0]
-    for a, b in zip(items[:5], got[:5], strict=True):
+    for a, b in zip(items[:-1], got[:-1], strict=True):
         assert torch.equal(a, b)
-    assert torch.equal(got[5]["small"], torch.arange(3)) and got[5]["text"] == "x"
+    assert torch.equal(got[-1]["small"], torch.arange(3)) and got[-1]["text"] == "x"
     bounded.put(1, key="full")
     bounded.put(2, key="full")
     assert bounded.qsize("full") == 2
@@ -212,6 +215,88 @@ def test_channels_cross_nodes_bounded_and_in_order(two_nodes):
 def test_a_lent_buffer_follows_the_same_rules_on_ray(two_nodes):
     """Channel.empty on Ray is ordinary memory (the object store copies on put), under the rules of every backend."""
     check_lent_buffer_rules(Channel.create("rules", two_nodes, maxsize=4), "ray")
+
+
+@ray.remote(num_cpus=0.01, max_concurrency=2)
+class _Producer:
+    """A bare Ray actor that puts into a channel (not a rank: its death is not the cluster's to report, so the
+    consumer's own timeout is what ends its wait). Its second thread answers `in_flight` while it puts."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def produce(self, channel, items: list, key) -> list[float]:
+        """time.monotonic() after each put returned (CLOCK_MONOTONIC: the driver's clock too)."""
+        times = []
+        for item in items:
+            channel.put(item, key=key, timeout=20)
+            times.append(time.monotonic())
+        return times
+
+    def stream(self, channel, nbytes: int, key) -> None:
+        import numpy as np
+
+        item = np.zeros(nbytes, dtype=np.uint8)
+        while True:
+            channel.put(item, key=key)
+
+    def in_flight(self, channel, key) -> int:
+        """This process's puts to `key` that the queue actor has not answered yet."""
+        from rlinf_mini.scheduler import ray_backend
+
+        box = ray_backend._outboxes.get((channel.transport.uid, key))
+        refs = [ref for ref, _ in list(box.in_flight)] if box is not None else []
+        return len(ray.wait(refs, num_returns=len(refs), timeout=0)[1]) if refs else 0
+
+
+def test_pipelined_puts_keep_bound_and_timeout_and_a_killed_producer_hangs_no_consumer(two_nodes):
+    """A put that finds a slot free does not wait for the queue actor's answer; the bound and the timeouts are the
+    unpipelined ones (the order: test_channels_cross_nodes_bounded_and_in_order)."""
+    producer = _Producer.remote()
+    try:
+        # the bound: put i (maxsize 2) cannot return before the consumer started taking item i - 2
+        bounded = Channel.create("bound", two_nodes, maxsize=2)
+        produced = producer.produce.remote(bounded, list(range(6)), "b")
+        deadline = time.monotonic() + 20
+        while bounded.qsize("b") < 2:
+            assert time.monotonic() < deadline, "the producer did not fill the channel"
+            time.sleep(0.1)
+        get_started = []
+        for i in range(6):
+            get_started.append(time.monotonic())
+            assert bounded.get(key="b", timeout=20) == i
+            time.sleep(0.2)
+        put_done = ray.get(produced, timeout=20)
+        assert all(put_done[i] >= get_started[i - 2] for i in range(2, 6)), (put_done, get_started)
+        assert put_done[1] < get_started[0]  # the first two went in at once (the second one pipelined)
+        # two producers on one key: a pipelined put of the driver meets the queue filled by the other after all; it
+        # waits in the queue actor up to its timeout, and the driver's next call on the key reports it
+        shared = Channel.create("shared", two_nodes, maxsize=2)
+        shared.put("a", key="s")  # answered: the driver knows one slot is free
+        ray.get(producer.produce.remote(shared, ["b"], "s"), timeout=20)  # ...which the other producer takes
+        shared.put("c", key="s", timeout=0.3)  # pipelined: returns at once
+        time.sleep(0.6)
+        with pytest.raises(ChannelTimeout, match=r"an earlier put of this process found it still full after 0\.3"):
+            shared.qsize("s")
+        assert [shared.get(key="s"), shared.get(key="s"), shared.qsize("s")] == ["a", "b", 0]
+        # a producer killed with puts in flight: the consumer's gets end within their timeout (the queued items, then
+        # lost items or nothing more), the wait does not hang on the dead producer's puts
+        killed = Channel.create("killed", two_nodes)  # unbounded: every put is pipelined
+        pid = ray.get(producer.pid.remote())
+        producer.stream.remote(killed, 100_000, "k")  # 100 KB each: through the object store, owned by the producer
+        assert killed.get(key="k", timeout=20).nbytes == 100_000
+        deadline = time.monotonic() + 10
+        while not 0 < ray.get(producer.in_flight.remote(killed, "k")) <= MAX_IN_FLIGHT:  # the check can fail
+            assert time.monotonic() < deadline, "the producer never had a put in flight"
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises((ChannelTimeout, ChannelClosed)):
+            while True:
+                start = time.monotonic()
+                killed.get(key="k", timeout=2)
+                assert time.monotonic() - start < 2 + 5
+        assert time.monotonic() - start < 2 + 5
+    finally:
+        ray.kill(producer)  # (killed already when the test gets this far)
 
 
 def test_num_nodes_beyond_the_ray_cluster_is_refused(ray_cluster):
