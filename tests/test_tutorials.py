@@ -125,7 +125,7 @@ MUTATIONS = {  # a false claim, and a wrong exercise answer: each must fail the 
                        "def case(",
                        "    return compute_gae_advantages_and_returns(rewards, values, dones * 0, gamma, "
                        "gae_lambda)\n\n\ndef case(",
-                       "exercise my_gae: case 0 differs from the reference"),
+                       "exercise my_gae: an episode ends mid-rollout differs from the reference"),
 }
 
 
@@ -179,24 +179,43 @@ WRONG_ANSWERS = {
                             " for k in range(stage_num)]  # stage-major",
                             "exercise my_stage_env_ids: rank 1 of 2, 2 stages differs from the reference: "
                             "the result[0][0] = 4, expected 8", "inputs: 1, 2, 2, 16"),
+    "04_advantages": ("    return compute_gae_advantages_and_returns(rewards, values, dones * 0, gamma, gae_lambda)",
+                      "exercise my_gae: an episode ends mid-rollout differs from the reference: the result[0][0, 0]",
+                      "inputs: float32[8, 4]("),
+    "05_training": ("    return reference_ppo_loss(logprobs, old_logprobs, advantages, clip_low, clip_low, clip_c)"
+                    "  # symmetric clip",
+                    "exercise my_ppo_loss: asymmetric clip (low 0.2, high 0.28), no dual clip reached differs from "
+                    "the reference: the result", "0.2, 0.28, 10.0"),
+    "06_full_run": ("    folders = sorted((run_dir / 'checkpoints').glob('global_step_*')); "
+                    "return folders[-1] if folders else None  # compares names as text",
+                    "exercise my_latest: steps with different numbers of digits differs from the reference: the "
+                    "result = PosixPath(", "inputs: PosixPath("),
+    "07_reasoning": ("    return compute_grpo_token_advantages(rewards, response_mask, len(rewards))  # one group",
+                     "exercise my_grpo_advantages: two groups of 4 differs from the reference: the result[0, 0]",
+                     "inputs: float32[8]("),
 }
 
 
 @pytest.mark.parametrize("stem", WRONG_ANSWERS)
 def test_a_wrong_exercise_answer_names_the_case_and_the_first_difference(stem, tmp_path, monkeypatch):
-    """In process, without running the tutorial: its exercise cell (it imports what it needs) with the body
+    """In process, without running the tutorial: its exercise cell, after the tutorial's imports, with the body
     replaced by a plausible wrong answer."""
     monkeypatch.setenv("RLINF_MINI_TUTORIAL_OUT", str(tmp_path))
     monkeypatch.syspath_prepend(str(ROOT / "tutorials"))
-    cell = next(c.source for c in jupytext.read(ROOT / "tutorials" / f"{stem}.py").cells
-                if c.cell_type == "code" and "# EXERCISE" in c.source)
+    cells = [c.source for c in jupytext.read(ROOT / "tutorials" / f"{stem}.py").cells if c.cell_type == "code"]
+    imports = "\n".join(line for c in cells for line in c.splitlines() if line.startswith(("import ", "from ")))
+    cell = next(c for c in cells if "# EXERCISE" in c)
     lines = cell.splitlines()
     body = next(i for i, line in enumerate(lines) if "# EXERCISE" in line) + 1
-    assert lines[body].strip().startswith("return reference_")  # the shipped body: the reference call
+    assert lines[body].strip().startswith("return ")  # the shipped body: the reference call
     wrong, names_the_case, shows_the_inputs = WRONG_ANSWERS[stem]
-    exec(compile(cell, f"{stem} exercise cell", "exec"), {"__name__": "exercise_cell"})  # as shipped: passes
+
+    def run(source: str, name: str) -> None:
+        exec(compile(imports + "\n" + source, name, "exec"), {"__name__": "exercise_cell"})
+
+    run(cell, f"{stem} exercise cell")  # as shipped: passes
     lines[body] = wrong
     with pytest.raises(AssertionError) as failure:
-        exec(compile("\n".join(lines), f"{stem} exercise cell, wrong answer", "exec"), {"__name__": "exercise_cell"})
+        run("\n".join(lines), f"{stem} exercise cell, wrong answer")
     message = str(failure.value)
     assert names_the_case in message and shows_the_inputs in message, message

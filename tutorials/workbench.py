@@ -70,7 +70,8 @@ def _describe(value) -> str:
     """A case's input in one short line: tensors by shape and first values, configs by their class."""
     if isinstance(value, torch.Tensor):
         head = ", ".join(f"{v:.4g}" for v in value.flatten()[:6].tolist())
-        return f"tensor{tuple(value.shape)}[{head}{', ...' if value.numel() > 6 else ''}]"
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{dtype}{list(value.shape)}({head}{', ...' if value.numel() > 6 else ''})"  # float32[8, 4](0.1, ...)
     if isinstance(value, (tuple, list)) and len(value) <= 8:
         return "(" + ", ".join(_describe(v) for v in value) + ")"
     if isinstance(value, Mapping) and all(isinstance(v, torch.Tensor) for v in value.values()):  # a state dict
