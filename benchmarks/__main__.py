@@ -98,6 +98,7 @@ def run(mode: str, groups: list[str], out_dir: Path, load: list) -> list:
 
                 n = {"full": (300, 3000, 200), "quick": (100, 1000, 60), "tiny": (5, 20, 4)}[mode]
                 rows += bk.calls_and_channels(*n, reps=reps)
+                rows += bk.rank_start(4, reps)
                 rows += bk.runner_rollout("configs/embodied_mlp.yaml", {"full": 10, "quick": 4, "tiny": 1}[mode], reps)
                 if mode == "full":
                     rows += bk.runner_rollout("configs/embodied.yaml", 3, reps)

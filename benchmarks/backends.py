@@ -115,6 +115,37 @@ def calls_and_channels(n_calls: int, n_small: int, n_large: int, reps: int = 3) 
     return rows
 
 
+def rank_start(ranks: int = 4, reps: int = 3) -> list[Row]:
+    """Wall time from launching a group of `ranks` local ranks to their first answer: forked from the fork server
+    (scheduler/local.py, which imported torch once) against spawned (a fresh interpreter per rank imports torch),
+    interleaved. The server's own start (its import of torch), paid once per driver process, is in the note: the
+    time of a first launch with no server running."""
+    import torch.multiprocessing
+
+    def start_s(start_method: str | None) -> float:
+        cluster = Cluster(ClusterConfig(num_devices=2, timeout_s=120))
+        try:
+            if start_method:
+                cluster.backend.mp_context = torch.multiprocessing.get_context(start_method)
+            begin = time.perf_counter()
+            BenchWorker.create_group(None).launch(cluster, _strategy(ranks), name="Bench").noop().wait()
+            return time.perf_counter() - begin
+        finally:
+            cluster.shutdown()
+
+    from rlinf_mini.scheduler import local
+
+    local._end_fork_server()  # so that the first launch below starts a fresh server: its import of torch, once
+    first_s = start_s(None)
+    rounds = []
+    for _ in range(reps):
+        ours, spawned = start_s(None), start_s("spawn")
+        rounds.append({"ours": ours, "baseline": spawned, "ratio": spawned / ours})
+    return [Row.from_reps(f"local: rank start, {ranks} ranks, launch to first answer", "s", rounds,
+                          baseline_name="spawned ranks", ratio_of="spawn/ours",
+                          note=f"the first launch of a driver process, which starts the fork server: {first_s:.2f} s")]
+
+
 def runner_rollout(config: str, steps: int, reps: int = 3) -> list[Row]:
     """The runner's rollout phase (measure.runner_rollout_rate) on each backend, `reps` runs each, interleaved; the
     ratio is against the local backend of the same round."""

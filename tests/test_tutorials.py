@@ -33,7 +33,8 @@ TIMEOUT_S = 300  # a hang guard; the time check is DRIFT_FACTOR below
 DRIFT_FACTOR = 3.0
 """How far a tutorial's measured time may drift from README's stated one (either way) before the test fails. Wide on
 purpose: the suite runs on a 2-core machine shared with other jobs, where the same tutorial takes 1-2.5x its quiet
-time; a tutorial that got 3x slower (or faster: the table is stale) is a change to look at, not noise."""
+time; a tutorial that got 3x slower (or faster: the table is stale) is a change to look at, not noise. The upper bound
+is widened by the load per core when that is above 1 (measured at the tutorial's end: os.getloadavg)."""
 
 
 def stated_seconds() -> dict[str, float]:
@@ -89,9 +90,12 @@ def test_tutorial_runs_top_to_bottom(path, tmp_path):
         data = (out / picture).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, picture
     shutil.rmtree(out)
-    assert stated / DRIFT_FACTOR <= seconds <= stated * DRIFT_FACTOR, (
-        f"{path.name} took {seconds:.1f} s, README says about {stated:g} s (allowed: x{DRIFT_FACTOR:g} either way, "
-        f"load average {os.getloadavg()[0]:.1f}): update the Learning path table or find what changed")
+    load_per_core = os.getloadavg()[0] / os.cpu_count()  # over 1: each process gets 1/load_per_core of a core
+    upper = stated * DRIFT_FACTOR * max(1.0, load_per_core)
+    assert stated / DRIFT_FACTOR <= seconds <= upper, (
+        f"{path.name} took {seconds:.1f} s, README says about {stated:g} s (allowed: {stated / DRIFT_FACTOR:.1f}-"
+        f"{upper:.1f} s at load average {os.getloadavg()[0]:.1f}): update the Learning path table or find what "
+        f"changed")
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])

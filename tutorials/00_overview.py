@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 00 — Overview: one RL step on one page
 #
-# Run it: `python tutorials/00_overview.py` (about 30 s on a 2-core CPU, most of it starting and stopping worker
-# processes), or open it as a notebook (`jupytext --to notebook tutorials/00_overview.py`, or open the .py file in
+# Run it: `python tutorials/00_overview.py` (about 8 s on a 2-core CPU: README's tutorial table, which the tests
+# check), or open it as a notebook (`jupytext --to notebook tutorials/00_overview.py`, or open the .py file in
 # Jupyter with jupytext installed). Every sentence below that states a fact is checked by an `assert` in the cell
 # after it. The words these tutorials use (env step, chunk step, rollout_epoch, staleness, ...) are defined one line
 # each in [the glossary](glossary.md).

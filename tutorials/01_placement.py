@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 01 — Placement: which device runs which rank
 #
-# Run it: `python tutorials/01_placement.py` (about 8 s on a 2-core CPU; it starts no process). Every stated fact
+# Run it: `python tutorials/01_placement.py` (about 3 s on a 2-core CPU; it starts no process). Every stated fact
 # is an `assert` in the cell after it. Terms (placement, rank, stage, ...): [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 02 — Weight sync: the actor's new weights reach every rollout rank
 #
-# Run it: `python tutorials/02_weight_sync.py` (about 35 s on a 2-core CPU, most of it starting five worker
+# Run it: `python tutorials/02_weight_sync.py` (about 7 s on a 2-core CPU; it starts five worker
 # processes). Every stated fact is an `assert` in the cell after it. Terms (version, staleness, training step,
 # optimizer step, ...): [the glossary](glossary.md).
 #

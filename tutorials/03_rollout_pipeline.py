@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 03 — The rollout pipeline: env and policy take turns over two queues, overlapped
 #
-# Run it: `python tutorials/03_rollout_pipeline.py` (about 40 s on a 2-core CPU: it starts the worker processes
+# Run it: `python tutorials/03_rollout_pipeline.py` (about 16 s on a 2-core CPU: it starts the worker processes
 # twice). Every stated fact is an `assert` in the cell after it. Terms (chunk step, env step, stage,
 # bootstrap, truncation, ...): [the glossary](glossary.md).
 #

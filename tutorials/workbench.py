@@ -29,9 +29,9 @@ if str(ROOT) not in sys.path:
 OUT = Path(os.environ.get("RLINF_MINI_TUTORIAL_OUT", ROOT / "tutorials" / "_out"))
 OUT.mkdir(parents=True, exist_ok=True)
 
-# Worker processes are started with "spawn", which re-runs the parent's main *script* in every child unless it sits
-# under `if __name__ == "__main__":`. A tutorial is a script without that guard (so that it reads as a notebook);
-# without a __file__ its __main__ looks like a notebook's, and the children import only the modules they need.
+# Worker processes start from a fork server that, like "spawn", re-runs the parent's main *script* in every child
+# unless it sits under `if __name__ == "__main__":`. A tutorial is a script without that guard (so that it reads as a
+# notebook); without a __file__ its __main__ looks like a notebook's, and the children import only what they need.
 _main = sys.modules.get("__main__")
 if _main is not None and Path(getattr(_main, "__file__", "/")).resolve().parent == ROOT / "tutorials":
     del _main.__file__

@@ -2,15 +2,16 @@
 pipes, channels over kernel queues, tensors through shared memory (codec.py).
 
 Ranks. Each rank is a process forked from a fork server, one per driver, that imported torch once
-(`multiprocessing`'s "forkserver" start method, the default from Python 3.14 on Linux): a rank starts in ~0.1 s of CPU
-instead of the ~2 s a fresh interpreter spends importing torch (measured here: the test suite starts hundreds of ranks).
+(`multiprocessing`'s "forkserver" start method, the default from Python 3.14 on Linux): 4 ranks answer their first
+call 0.18 s after launch, against 3.1 s when each is a fresh interpreter importing torch ("spawn"); the server's own
+start, once per driver process, is ~1.3 s (`python -m benchmarks --only backends`, row "local: rank start").
 The server is a fresh interpreter, not a copy of the driver: it has no threads, no CUDA context and none of the
 driver's state, so the fork is safe. A rank's environment (CUDA_VISIBLE_DEVICES, the CPU cores, RANK, ...) is the
 driver's at launch plus its own, set in `worker_main` before anything initializes CUDA or the thread pools.
 The driver talks to a rank through two pipes made at its start: commands in, results out; one write each way and no
 thread in between (a multiprocessing.Queue hands every message to a feeder thread on each side: on 4 ranks that made a
-no-op call 664 us). A message over INLINE_MAX goes through a
-shared-memory blob, so every pipe write is small and atomic. A driver whose command pipe is full reads results while
+no-op call 664 us). A message over INLINE_MAX goes through a shared-memory blob, so every pipe write is small and
+atomic. A driver whose command pipe is full reads results while
 it waits for room, so driver and worker never wait for each other.
 
 Channels. Every (channel, key) is a queue kept by the kernel, shared by all its producers and consumers, so a message
