@@ -77,6 +77,9 @@ class RunPlan:
         # /dev/shm the rollout's weight buffers take (stages/sync.py: one per rollout rank, reserved at creation)
         self.weight_bytes = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
         self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
+        # what every rank imports, imported once by the local backend's fork server: the VLA's module pulls in
+        # transformers (~4 s of CPU per process on 2 cores; the MLP needs nothing beyond torch)
+        self.preload = ("rlinf_mini.models.tiny_vla",) if cfg.actor.model.model_type == "tiny_vla" else ()
         if cfg.rollout.model.model_path:
             try:
                 build_policy(dataclasses.replace(cfg.actor.model, model_path=cfg.rollout.model.model_path),
@@ -138,6 +141,7 @@ class ReasoningRunPlan:
         # /dev/shm the rollout's weight buffers take (stages/sync.py: one per rollout rank): the model's weights
         self.weight_bytes = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
         self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
+        self.preload = ("rlinf_mini.models.tiny_lm",)  # transformers, imported once by the fork server (RunPlan)
         self.train_set = PromptDataset.from_jsonl(cfg.data.train_data_paths, cfg.data, tokenizer)
         self.val_set = PromptDataset.from_jsonl(cfg.data.val_data_paths, cfg.data, tokenizer, "data.val_data_paths")
         if cfg.data.rollout_batch_size > len(self.train_set):
@@ -203,7 +207,7 @@ def build_and_run(cfg: TrainConfig, plan: RunPlan | ReasoningRunPlan) -> list[di
     save_config(cfg, plan.run_dir / "config.yaml")
     if plan.device_plan.note:
         print(plan.device_plan.note, file=sys.stderr)  # once, at start
-    cluster = Cluster(cfg.cluster)
+    cluster = Cluster(cfg.cluster, preload=plan.preload)
     previous = _stop_on_signals(cluster) if threading.current_thread() is threading.main_thread() else {}
     try:
         runner = (launch_reasoning if isinstance(plan, ReasoningRunPlan) else launch)(cfg, plan, cluster)

@@ -29,7 +29,7 @@ from rlinf_mini.scheduler.backend import Backend, RankSpec
 from rlinf_mini.scheduler.placement import ProcessPlacement
 
 
-def make_backend(cfg: ClusterConfig) -> Backend:
+def make_backend(cfg: ClusterConfig, preload: tuple[str, ...] = ()) -> Backend:
     """The backend `cluster.backend` names (imported here, so a run pays only for the one it uses)."""
     if cfg.backend == "inline":
         from rlinf_mini.scheduler.inline import InlineBackend
@@ -41,11 +41,13 @@ def make_backend(cfg: ClusterConfig) -> Backend:
         return RayBackend(cfg)
     from rlinf_mini.scheduler.local import LocalBackend
 
-    return LocalBackend(cfg.timeout_s)
+    return LocalBackend(cfg.timeout_s, preload)
 
 
 class Cluster:
-    def __init__(self, cfg: ClusterConfig):
+    def __init__(self, cfg: ClusterConfig, preload: tuple[str, ...] = ()):
+        """`preload`: modules every rank will import (the model's, say); the local backend's fork server imports
+        them once, if this cluster is the one that starts it (one server per driver process: scheduler/local.py)."""
         import torch
 
         self.cfg = cfg
@@ -62,7 +64,7 @@ class Cluster:
         self.groups: list = []
         self._cores = sorted(os.sched_getaffinity(0))
         self._closed = False
-        self.backend = make_backend(cfg)
+        self.backend = make_backend(cfg, preload)
         atexit.register(self.shutdown)
 
     def device_cores(self, device: int) -> list[int]:

@@ -79,20 +79,22 @@ def _free_port() -> int:
 
 
 # What the fork server imports once, so that no rank pays for it: torch (~85 % of a rank's start) and the scheduler
-# modules every rank runs. Only imports: torch does not create CUDA contexts or thread pools at import.
+# modules every rank runs (the Cluster adds the run's model module). Only imports: importing torch creates no CUDA
+# context, and torch resets its thread pools in a forked child (as for a DataLoader's fork workers).
 FORKSERVER_PRELOAD = ["torch", "rlinf_mini.scheduler.worker", "rlinf_mini.scheduler.codec",
                       "rlinf_mini.scheduler.collective"]
 
 
-def _mp_context():
-    """The forkserver context, its server started now (once per driver process) with this environment; it ends when
-    the driver does, and its ranks with it (PR_SET_PDEATHSIG in each rank, the server's own end-of-file check)."""
+def _mp_context(preload: tuple[str, ...] = ()):
+    """The forkserver context, its server started now (once per driver process: a later call reuses it, whatever its
+    `preload`) with this environment and FORKSERVER_PRELOAD + `preload` imported; it ends when the driver does, and its
+    ranks with it (PR_SET_PDEATHSIG in each rank, the server's own end-of-file check)."""
     import multiprocessing.forkserver
 
     import torch.multiprocessing
 
     ctx = torch.multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD + list(preload))
     # OpenMP reads its wait policy once, when torch's libgomp loads, i.e. in the server: passive, so that idle
     # threads of ranks sharing cores sleep instead of spinning (every rank's env says so too, as before).
     saved = os.environ.get("OMP_WAIT_POLICY")
@@ -133,9 +135,9 @@ def _end_fork_server() -> None:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, preload: tuple[str, ...] = ()):
         self.timeout_s = timeout_s
-        self.mp_context = _mp_context()
+        self.mp_context = _mp_context(preload)
         self.channel_server = ChannelServer()
 
     def launch(self, group, specs: list[RankSpec]) -> LocalRanks:
