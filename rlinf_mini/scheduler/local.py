@@ -97,26 +97,24 @@ def _mp_context(preload: tuple[str, ...] = ()):
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD + list(preload))
     # OpenMP reads its wait policy once, when torch's libgomp loads, i.e. in the server: passive, so that idle
     # threads of ranks sharing cores sleep instead of spinning (every rank's env says so too, as before).
-    saved = os.environ.get("OMP_WAIT_POLICY")
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
+    with _environ({"OMP_WAIT_POLICY": "PASSIVE"}):
         multiprocessing.forkserver.ensure_running()
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_WAIT_POLICY")
-        else:
-            os.environ["OMP_WAIT_POLICY"] = saved
-    global _server_stop_registered
-    if not _server_stop_registered:
-        # The server outlives a Cluster (the next one in this process reuses it) but not the driver: at exit, close
-        # its lifeline and wait until it is gone, so that nothing of the run is left when the driver's exit is seen.
-        # (A killed driver cannot: the server then ends by itself at the lifeline's end-of-file.)
-        atexit.register(_end_fork_server)
-        _server_stop_registered = True
     return ctx
 
 
-_server_stop_registered = False
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """Set environment variables around a process start: the child inherits the environment at exec time."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _end_fork_server() -> None:
@@ -130,6 +128,13 @@ def _end_fork_server() -> None:
             os.kill(server._forkserver_pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             server._stop()  # closes the lifeline and reaps the server
+
+
+# The server outlives a Cluster (the next one in this process reuses it) but not the driver: at exit, after the
+# Clusters' own shutdowns (atexit runs last-registered first, and a Cluster registers after importing this module),
+# it is ended and reaped, so that nothing of the run is left when the driver's exit is seen. (A killed driver cannot:
+# the server then ends by itself at its lifeline's end-of-file.) In a rank's process there is no server: a no-op.
+atexit.register(_end_fork_server)
 
 
 class LocalBackend(Backend):
