@@ -242,8 +242,8 @@ def test_corpus_of_malformed_input_each_gives_one_clear_line_and_starts_nothing(
     failures = []
     for i, case in enumerate(CORPUS):
         file = tmp_path / f"c{i}.yaml"
-        text = case.yaml_text if case.yaml_text is not None else yaml.safe_dump(
-            _merge(BASE, _fill(case.sections or {}, tmp_path)))
+        text = case.yaml_text if case.yaml_text is not None else yaml.dump(  # libyaml's emitter: ~7x faster
+            _merge(BASE, _fill(case.sections or {}, tmp_path)), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
         file.write_text(text)
         argv = _fill(case.argv, tmp_path) if case.argv[:1] == ["--config"] else ["--config", str(file),
                                                                                  *_fill(case.argv, tmp_path)]

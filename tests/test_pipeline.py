@@ -50,6 +50,11 @@ REINPP = {"algorithm": {"adv_type": "reinpp", "loss_type": "actor", "group_size"
 
 
 TENSORBOARD = {"runner": {"logger": {"logger_backends": ["tensorboard"]}}}
+# The tests that compare runs (trajectories, advantages, weights after a sync) need no processes: they run on the
+# inline backend, every rank in this process (measured: 4.7 s on local, 3.0 s inline for the four; the first inline
+# run in a process pays its imports). tests/test_backends.py shows that local and inline train bitwise the same; the
+# placement test below trains on local, the default.
+INLINE = {"backend": "inline"}
 CHUNKS = {"actor": {"model": {"num_action_chunks": 2}}}
 
 
@@ -126,9 +131,10 @@ def cat_ranks(per_rank: list[dict]) -> dict:
 
 
 def test_pipelined_and_unpipelined_rollouts_give_identical_trajectories_and_weights(tmp_path):
-    one_stage = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 1, train_steps=2)
-    two_stages = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 2, train_steps=2)
-    two_env_ranks = collect(tmp_path, {"env": "0-1", "rollout": "0-1", "actor": "0"}, 2, 2, train_steps=2)
+    one_stage = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 1, train_steps=2, cluster=INLINE)
+    two_stages = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 2, train_steps=2, cluster=INLINE)
+    two_env_ranks = collect(tmp_path, {"env": "0-1", "rollout": "0-1", "actor": "0"}, 2, 2, train_steps=2,
+                            cluster=INLINE)
     for step in range(2):
         ref = cat_ranks(one_stage[0][step])
         for other in (two_stages, two_env_ranks):
@@ -145,8 +151,8 @@ def test_pipelined_and_unpipelined_rollouts_give_identical_trajectories_and_weig
 def test_one_and_two_actor_ranks_compute_the_same_advantages(tmp_path, algo):
     """Whitening takes its statistics over every actor rank: the same trajectories get the same advantages whether
     one actor rank holds them all or two hold half each (and so the first update moves the weights alike)."""
-    one = collect(tmp_path, {"env,rollout": "0-1", "actor": "0"}, 2, 1, **algo)
-    two = collect(tmp_path, {"env,rollout": "0-1", "actor": "0-1"}, 2, 1, **algo)
+    one = collect(tmp_path, {"env,rollout": "0-1", "actor": "0"}, 2, 1, cluster=INLINE, **algo)
+    two = collect(tmp_path, {"env,rollout": "0-1", "actor": "0-1"}, 2, 1, cluster=INLINE, **algo)
     ref, got = cat_ranks(one[0][0]), cat_ranks(two[0][0])
     assert torch.equal(ref["rewards"], got["rewards"])  # the same data
     for key in ("advantages", "returns", "loss_mask"):
@@ -155,7 +161,8 @@ def test_one_and_two_actor_ranks_compute_the_same_advantages(tmp_path, algo):
 
 
 def test_after_sync_rollout_weights_equal_actor_weights_bitwise(tmp_path):
-    _, trained, before_sync, after_sync = collect(tmp_path, {"env": "0-1", "rollout": "0-1", "actor": "0-1"}, 2, 1)
+    _, trained, before_sync, after_sync = collect(tmp_path, {"env": "0-1", "rollout": "0-1", "actor": "0-1"}, 2, 1,
+                                                  cluster=INLINE)
     trained = trained[0]
     assert len(after_sync) == 2  # every rollout rank
     for rollout_weights in before_sync:  # the test can fail: training changed the actor, not the rollout

@@ -182,10 +182,11 @@ def test_tensors_cross_processes_exactly_small_inline_and_large_via_shared_memor
 
 def test_shared_memory_segments_are_reused_not_reallocated_per_message():
     t = torch.ones(100_000)
-    before = {p.name for p in SHM_DIR.iterdir()}
+    ours = f"{PREFIX}{os.getpid()}-"  # this process's segments (other test processes may run beside it)
+    before = set(SHM_DIR.glob(f"{ours}*"))
     for _ in range(20):
         assert torch.equal(loads(dumps(t)), t)  # the receiver frees the segment, the sender reuses it
-    created = {p.name for p in SHM_DIR.iterdir()} - before
+    created = set(SHM_DIR.glob(f"{ours}*")) - before
     assert len(created) <= 1
 
 

@@ -133,7 +133,7 @@ def test_training_run_writes_trace_timeline_and_trace_metrics(tmp_path):
     from rlinf_mini.train import main
 
     cfg = write_config(tmp_path, runner={"max_epochs": 2, "val_check_interval": -1, "save_interval": -1,
-                                         "progress_bar": False})
+                                         "progress_bar": False, "trace": True})
     assert main(["--config", str(cfg)]) == 0
     run_dir = tmp_path / "results" / "embodied"
     events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]

@@ -78,10 +78,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# What the fork server imports once, so that no rank pays for it: torch (~85 % of a rank's start) and the scheduler
-# modules every rank runs (the Cluster adds the run's model module). Only imports: importing torch creates no CUDA
-# context, and torch resets its thread pools in a forked child (as for a DataLoader's fork workers).
-FORKSERVER_PRELOAD = ["torch", "rlinf_mini.scheduler.worker", "rlinf_mini.scheduler.codec",
+# What the fork server imports once, so that no rank pays for it: torch (~85 % of a rank's start), torch._dynamo
+# (a torch optimizer imports it at its first add_param_group: ~1.6 s of CPU in every actor rank otherwise) and the
+# scheduler modules every rank runs (the Cluster adds the run's model module). Only imports: importing torch creates
+# no CUDA context, and torch resets its thread pools in a forked child (as for a DataLoader's fork workers).
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "rlinf_mini.scheduler.worker", "rlinf_mini.scheduler.codec",
                       "rlinf_mini.scheduler.collective"]
 
 
