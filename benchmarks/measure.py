@@ -3,8 +3,8 @@ alternative and the physical limit, measured side by side in this process's run.
 
 Transfers run between two spawned child processes (the channel server, as in a training run, lives in this driver
 process); every process uses one torch thread, so a figure compares transports, not how many cores a copy may use.
-Each figure is the best of a few repetitions after a warm-up (first-touch page faults and connection set-up are
-start-up costs, not throughput).
+A row is the median of repetitions measured in turn (ours, baseline, limit), each after a warm-up (first-touch page
+faults and connection set-up are start-up costs, not throughput); the limit's memcpy is the best of three bursts.
 """
 
 from __future__ import annotations
