@@ -5,7 +5,8 @@
 
 A collective has `all_reduce(t) -> t` (sum, in place) and `close()`. Two kinds:
 - `TorchDistCollective` (local and ray backends, one process per rank): torch.distributed, gloo on the CPU and NCCL
-  on a GPU, with the rendezvous (MASTER_ADDR / MASTER_PORT, RANK, WORLD_SIZE) the backend put in the environment.
+  on a GPU, with the rendezvous the backend put in the environment: a file store on one machine (local:
+  RLINF_MINI_STORE_FILE), a TCP store at rank 0 across machines (ray: MASTER_ADDR / MASTER_PORT).
   Ranks that share a GPU (collocated, or more devices than GPUs) use gloo over their CUDA tensors, since NCCL refuses
   two ranks on one GPU (`devices.collective_backend`); a timed-out all-reduce raises `CollectiveTimeout`.
 - `rlinf_mini.scheduler.inline.InlineCollective` (inline backend, ranks are threads of one process).
@@ -35,15 +36,20 @@ class TorchDistCollective:
 
         self._dist, self.timeout_s = dist, timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
+        store_file = os.environ.get("RLINF_MINI_STORE_FILE")  # local: a file store on this machine (LocalBackend)
+        if store_file:
+            store = dist.FileStore(store_file, world_size)
+            store.set_timeout(timeout)
+        else:  # ray: a TCP store at rank 0's node (its actor picked the port)
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                                  is_master=rank == 0, timeout=timeout)
         if device.type != "cuda":
             self.backend, self.why = "gloo", "CPU tensors"
-            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
             return
         torch.cuda.set_device(device)
         # Which GPU each rank is on is known only to that rank (its CUDA_VISIBLE_DEVICES, set by the Cluster):
         # exchange it through the rendezvous store, then pick the backend as --explain does (devices.py).
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                              is_master=rank == 0, timeout=timeout)
         store.set(f"gpus/{rank}", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
         rank_gpus = [tuple(store.get(f"gpus/{r}").decode().split(",")) for r in range(world_size)]
         self.backend, self.why = devices.collective_backend(rank_gpus)

@@ -72,12 +72,6 @@ def _writable(conn: Connection) -> bool:
     return bool(poller.poll(0))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # What the fork server imports once, so that no rank pays for it: torch (~85 % of a rank's start), torch._dynamo
 # (a torch optimizer imports it at its first add_param_group: ~1.6 s of CPU in every actor rank otherwise) and the
 # scheduler modules every rank runs (the Cluster adds the run's model module). Only imports: importing torch creates
@@ -147,9 +141,16 @@ class LocalBackend(Backend):
         self.channel_server = ChannelServer()
 
     def launch(self, group, specs: list[RankSpec]) -> LocalRanks:
-        port = str(_free_port())  # rendezvous of the group's torch.distributed collective
+        # The rendezvous of the group's torch.distributed collective: a file store in this run's /dev/shm namespace
+        # (one machine), not a TCP port. A port picked free here and bound by rank 0 seconds later was taken in
+        # between once in a while (EADDRINUSE: other runs, Ray, the ephemeral ports of every connection).
+        # The store removes its file when its ranks are done; the cluster's sweep removes what a dead rank left.
+        # (shm imports torch: here, not at this module's import, which comes before the driver's torch.)
+        from rlinf_mini.scheduler import shm
+
+        store = shm.SHM_DIR / f"{shm.PREFIX}{shm.run_id()}_store_{group.name}_{secrets.token_hex(4)}"
         for spec in specs:
-            spec.env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "LOCAL_RANK": "0"}
+            spec.env |= {"RLINF_MINI_STORE_FILE": str(store), "LOCAL_RANK": "0"}
         return LocalRanks(self, group.name, specs)
 
     def channel_transport(self, name: str, maxsize: int, default_timeout: float) -> KernelQueues:
