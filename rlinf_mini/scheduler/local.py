@@ -144,7 +144,7 @@ class LocalBackend(Backend):
         # The rendezvous of the group's torch.distributed collective: a file store in this run's /dev/shm namespace
         # (one machine), not a TCP port. A port picked free here and bound by rank 0 seconds later was taken in
         # between once in a while (EADDRINUSE: other runs, Ray, the ephemeral ports of every connection).
-        # The store removes its file when its ranks are done; the cluster's sweep removes what a dead rank left.
+        # The cluster's sweep at shutdown removes the file with the run's other segments (a killed run's: the next run).
         # (shm imports torch: here, not at this module's import, which comes before the driver's torch.)
         from rlinf_mini.scheduler import shm
 
