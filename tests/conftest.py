@@ -104,5 +104,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name != "test_tutorials.py":
             item.add_marker(pytest.mark.xdist_group(item.path.name))
-    test_id = lambda item: f"{item.path.name}::{item.name}"  # noqa: E731
-    items.sort(key=lambda item: rank.get(test_id(item), rank.get(item.path.name, len(rank))))  # stable
+    items.sort(key=lambda item: rank.get(f"{item.path.name}::{item.name}", rank.get(item.path.name, len(rank))))
