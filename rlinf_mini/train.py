@@ -35,6 +35,14 @@ from rlinf_mini.config import (
 from rlinf_mini.scheduler import faults
 
 
+def _preload(cfg: TrainConfig) -> tuple[str, ...]:
+    """What every rank imports, imported once by the local backend's fork server: the model's module. The VLA's and
+    the language model's pull in transformers (~4 s of CPU per process on 2 cores); the MLP needs nothing beyond torch."""
+    if cfg.runner.task_type == "reasoning":
+        return ("rlinf_mini.models.tiny_lm",)
+    return ("rlinf_mini.models.tiny_vla",) if cfg.actor.model.model_type == "tiny_vla" else ()
+
+
 def _place(plan, cfg: TrainConfig, source: str, placement_cls, components: tuple[str, ...]) -> None:
     """A run's devices and placement, both kinds of run: the GPUs seen, num_devices resolved (-1: every GPU), the
     placement of `components`, their world sizes and the device plan that --explain prints; precision checked."""
@@ -77,9 +85,7 @@ class RunPlan:
         # /dev/shm the rollout's weight buffers take (stages/sync.py: one per rollout rank, reserved at creation)
         self.weight_bytes = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
         self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
-        # what every rank imports, imported once by the local backend's fork server: the VLA's module pulls in
-        # transformers (~4 s of CPU per process on 2 cores; the MLP needs nothing beyond torch)
-        self.preload = ("rlinf_mini.models.tiny_vla",) if cfg.actor.model.model_type == "tiny_vla" else ()
+        self.preload = _preload(cfg)
         if cfg.rollout.model.model_path:
             try:
                 build_policy(dataclasses.replace(cfg.actor.model, model_path=cfg.rollout.model.model_path),
@@ -141,7 +147,7 @@ class ReasoningRunPlan:
         # /dev/shm the rollout's weight buffers take (stages/sync.py: one per rollout rank): the model's weights
         self.weight_bytes = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
         self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
-        self.preload = ("rlinf_mini.models.tiny_lm",)  # transformers, imported once by the fork server (RunPlan)
+        self.preload = _preload(cfg)
         self.train_set = PromptDataset.from_jsonl(cfg.data.train_data_paths, cfg.data, tokenizer)
         self.val_set = PromptDataset.from_jsonl(cfg.data.val_data_paths, cfg.data, tokenizer, "data.val_data_paths")
         if cfg.data.rollout_batch_size > len(self.train_set):
@@ -232,6 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if cfg.cluster.backend == "local" and "torch" not in sys.modules:
+        # The local backend's fork server, forked from this process now, before anything computes: it shares this
+        # process's imports instead of making its own (local.start_fork_server_here). OpenMP reads its wait policy
+        # when torch loads, here, for the ranks too: passive, so that idle threads of ranks sharing cores sleep
+        # instead of spinning (what the stdlib-started server is given). A config RunPlan refuses leaves it unused;
+        # it ends with this process.
+        from rlinf_mini.scheduler import local
+
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        local.start_fork_server_here(_preload(cfg))
     from rlinf_mini.envs import EnvError
     from rlinf_mini.scheduler.shm import ShmFullError
     from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError

@@ -67,6 +67,15 @@ def marked_processes(var: str, marker: str) -> dict[int, bytes]:
     return found
 
 
+def process_name(pid: int) -> str:
+    """A live process's name (/proc/PID/comm): local ranks are named "<group>:<rank>", the fork server
+    local.SERVER_NAME; "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_processes_or_shm():
     before = set(os.listdir(SHM_DIR))

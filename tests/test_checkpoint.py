@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_config
+from conftest import process_name, write_config
 
 from rlinf_mini.config import load_config
 from rlinf_mini.runner import find_latest_checkpoint
+from rlinf_mini.scheduler import local
 from rlinf_mini.train import RunPlan, build_and_run
 from rlinf_mini.utils.metric_logger import read_metrics
 
@@ -127,7 +128,7 @@ def _children_of(pid: int) -> list[tuple[int, bytes]]:
 
 def _workers_of(driver: int) -> list[int]:
     """The run's rank processes: the children of its fork server (scheduler/local.py), and the server itself."""
-    servers = [p for p, cmd in _children_of(driver) if b"multiprocessing.forkserver" in cmd]
+    servers = [p for p, cmd in _children_of(driver) if process_name(p) == local.SERVER_NAME]
     return servers + [p for server in servers for p, _ in _children_of(server)]
 
 

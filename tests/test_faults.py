@@ -134,8 +134,10 @@ class _Started:
             if self.exit_time is None:
                 self.exit_time = time.time()
             return
-        # the ranks, forked by the run's fork server (scheduler/local.py), and the server itself
-        self.spawned |= {pid for pid, cmd in _marked(self.marker).items() if b"multiprocessing.forkserver" in cmd}
+        # the ranks, forked by the run's fork server (scheduler/local.py), and the server itself (a fork of the
+        # driver: the driver's command line): every process of the run but the driver and multiprocessing's tracker
+        self.spawned |= {pid for pid, cmd in _marked(self.marker).items()
+                         if pid != self.proc.pid and b"resource_tracker" not in cmd}
         pending = self.case.signals[len(self.signal_times):]
         ready = (self.run_dir / "checkpoints").is_dir() and find_latest_checkpoint(self.run_dir) is not None
         if self.case.fault and "kind=hang" in self.case.fault:  # signal a run that hangs, not one about to

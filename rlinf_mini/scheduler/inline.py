@@ -36,7 +36,7 @@ from typing import Any
 
 from rlinf_mini.scheduler import tracer
 from rlinf_mini.scheduler.backend import Backend, GroupRanks, RankSpec, Result
-from rlinf_mini.scheduler.worker import _turn, build_worker, run_call, waiting_for_others
+from rlinf_mini.scheduler.worker import POLL_S, _turn, build_worker, run_call, waiting_for_others
 
 
 class _Turn:
@@ -76,6 +76,7 @@ class _Turn:
         if not self.held:
             return
         self.held = False
+        self.backend.holder = None  # before the release: a holder that is set is the one running now
         self.torch_state = torch.get_rng_state()
         self.numpy_state = numpy.random.get_state()
         self.python_state = random.getstate()
@@ -108,6 +109,11 @@ class InlineBackend(Backend):
             return ""
         who, method, since = holder
         return f"; on the inline backend {who} has held the turn for {time.monotonic() - since:.0f} s, in {method}()"
+
+    def hung_for(self) -> float:
+        """Seconds the rank running now has held the turn (0 when no rank holds it)."""
+        holder = self.holder
+        return time.monotonic() - holder[2] if holder is not None and self.turn.locked() else 0.0
 
     def shutdown(self) -> None:
         for transport in self.transports:
@@ -192,9 +198,14 @@ class InlineRanks(GroupRanks):
             commands.put(None)
 
     def finish_stop(self, deadline: float) -> None:
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        # A rank still running (hung, or in a long call) cannot be killed: it is a daemon thread, abandoned.
+        # A rank still running at the deadline (hung, or in a long call) cannot be killed: it is a daemon thread,
+        # abandoned. One that has held the turn for cluster.timeout_s is hung by the measure the driver's own timeout
+        # uses (no other rank, so no call the driver waits on, has run for that long): the grace would only be
+        # waited out, since every other rank needs the turn to close, so it is not waited for.
+        while any(t.is_alive() for t in self.threads) and time.monotonic() < deadline:
+            if self.backend.hung_for() >= self.backend.timeout_s:
+                return
+            next(t for t in self.threads if t.is_alive()).join(POLL_S)
 
     def kill(self) -> None:
         self.request_stop()
