@@ -20,11 +20,15 @@ from rlinf_mini.scheduler.worker import Worker
 # The host processes
 
 
-def host_main(index: int, core: int | None, shared: dict, conn) -> None:
+def host_main(index: int, core: int | None, shared: dict, conn, env: dict[str, str]) -> None:
     """Run the commands (function name, args) that arrive on `conn`; an argument "@name" is shared[name] (queues
-    can only be handed to a process when it starts). Answers ("ok", result) or ("error", traceback)."""
+    can only be handed to a process when it starts). Answers ("ok", result) or ("error", traceback). `env`: the
+    driver's environment at the start (a child of the fork server has the server's), with the run id its segments
+    carry."""
     import traceback
 
+    os.environ.clear()
+    os.environ.update(env)
     if core is not None:
         os.sched_setaffinity(0, [core])
     torch.set_num_threads(1)

@@ -1,8 +1,9 @@
 """The measurements behind `python -m benchmarks`: each function returns table rows, ours next to the obvious
 alternative and the physical limit, measured side by side in this process's run.
 
-Transfers run between two spawned child processes (the channel server, as in a training run, lives in this driver
-process); every process uses one torch thread, so a figure compares transports, not how many cores a copy may use.
+Transfers run between two child processes forked from the fork server, as ranks are (the channel server, as in a
+training run, lives in this driver process); every process uses one torch thread, so a figure compares transports,
+not how many cores a copy may use.
 A row is the median of repetitions measured in turn (ours, baseline, limit), each after a warm-up (first-touch page
 faults and connection set-up are start-up costs, not throughput); the limit's memcpy is the best of three bursts.
 """
@@ -10,7 +11,6 @@ faults and connection set-up are start-up costs, not throughput); the limit's me
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import secrets
 import socket
@@ -24,11 +24,9 @@ import numpy as np
 import torch
 
 from benchmarks import bench_workers as bw
-from rlinf_mini.scheduler import shm, tracer
+from rlinf_mini.scheduler import local, shm, tracer
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.local import ChannelServer, KernelQueues
-
-_ctx = multiprocessing.get_context("spawn")
 
 
 @dataclass
@@ -125,15 +123,17 @@ class Hosts:
         self.saved = os.environ.get("RLINF_MINI_RUN_ID")
         os.environ["RLINF_MINI_RUN_ID"] = self.run_id  # inherited by the hosts: every segment is swept at the end
         self.server = ChannelServer()
-        self.shared = {"tq": torch.multiprocessing.get_context("spawn").Queue(4), "q": _ctx.Queue(64),
-                       "q_in": _ctx.Queue(), "q_out": _ctx.Queue(), "done": _ctx.Event(), "handle_q": _ctx.Queue(),
-                       "ack_q": _ctx.Queue()}
+        # the local backend's fork server (torch imported once), as ranks start: a spawned host imported torch
+        # itself, ~2.3 s of CPU each; torch.multiprocessing's context, so "tq" shares its tensors as a torch queue
+        ctx = local._mp_context()
+        self.shared = {"tq": ctx.Queue(4), "q": ctx.Queue(64), "q_in": ctx.Queue(), "q_out": ctx.Queue(),
+                       "done": ctx.Event(), "handle_q": ctx.Queue(), "ack_q": ctx.Queue()}
         cores = sorted(os.sched_getaffinity(0))
         self.conns, self.procs = [], []
         for i in range(2):
-            parent, child = _ctx.Pipe()
+            parent, child = ctx.Pipe()
             core = cores[i] if len(cores) >= 2 else None
-            p = _ctx.Process(target=bw.host_main, args=(i, core, self.shared, child), daemon=True)
+            p = ctx.Process(target=bw.host_main, args=(i, core, self.shared, child, dict(os.environ)), daemon=True)
             p.start()
             self.conns.append(parent)
             self.procs.append(p)

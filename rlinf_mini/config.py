@@ -9,7 +9,8 @@ the ranks, before any worker starts. Keys are RLinf's where RLinf has the concep
 section 11); the few of ours are marked "rlinf_mini:".
 """
 
-from __future__ import annotations
+# (No `from __future__ import annotations` here: tyro reads these annotations at every parse with flags, and typing
+# compiled string annotations again each time, ~15 % of a parse.)
 
 import contextlib
 import copy
@@ -111,6 +112,20 @@ class RunnerConfig:
 
 
 @dataclass
+class ReasoningSamplingParams:
+    do_sample: bool = True
+    """Sample (True) or take the argmax (False) for training responses; evaluation is always greedy."""
+    temperature: float = 1.0
+    """Logits are divided by this before sampling; the log-probs are those of softmax(logits / temperature)."""
+    top_k: int = -1
+    """Sample among the k most likely tokens only (<= 0: all)."""
+    top_p: float = 1.0
+    """Sample among the most likely tokens whose probabilities sum to top_p (nucleus); 1.0 = all."""
+    max_new_tokens: int = -1
+    """Response tokens at most; -1 = runner.seq_length - data.max_prompt_length."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_type: Literal["gae", "grpo", "reinpp"] = "gae"
     """Advantage estimator: 'gae' (critic-free when actor.model.add_value_head is false), 'grpo' (group-normalized
@@ -174,18 +189,6 @@ class AlgorithmConfig:
     (sum or mean over its tokens) and then the mean over responses."""
 
 
-@dataclass
-class ReasoningSamplingParams:
-    do_sample: bool = True
-    """Sample (True) or take the argmax (False) for training responses; evaluation is always greedy."""
-    temperature: float = 1.0
-    """Logits are divided by this before sampling; the log-probs are those of softmax(logits / temperature)."""
-    top_k: int = -1
-    """Sample among the k most likely tokens only (<= 0: all)."""
-    top_p: float = 1.0
-    """Sample among the most likely tokens whose probabilities sum to top_p (nucleus); 1.0 = all."""
-    max_new_tokens: int = -1
-    """Response tokens at most; -1 = runner.seq_length - data.max_prompt_length."""
 
 
 @dataclass

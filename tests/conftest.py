@@ -69,11 +69,20 @@ def marked_processes(var: str, marker: str) -> dict[int, bytes]:
 
 def process_name(pid: int) -> str:
     """A live process's name (/proc/PID/comm): local ranks are named "<group>:<rank>", the fork server
-    local.SERVER_NAME; "" once it is gone."""
+    local.SERVER_NAME (once it has run its first line); "" once it is gone."""
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def parent_pid(pid: int) -> int:
+    """A live process's parent (0 once it is gone). A local run's ranks are children of its fork server, which is a
+    child of the driver, as is multiprocessing's resource tracker."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import gymnasium
 import pytest
-from conftest import ROOT, process_name, write_config
+from conftest import ROOT, parent_pid, write_config
 
 from rlinf_mini.config import (
     ConfigError,
@@ -34,7 +34,6 @@ from rlinf_mini.config import (
     save_config,
     validate_config,
 )
-from rlinf_mini.scheduler import local
 from rlinf_mini.train import RunPlan, main
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -285,12 +284,11 @@ def cli_runs(tmp_path_factory) -> dict[str, CliRun]:
             pytest.fail("a `python -m rlinf_mini.train` run took over 120 s")
         for name, (proc, marker, *_) in started.items():
             if proc.poll() is None:  # a worker takes seconds to start: polling every 0.1 s cannot miss it
-                # every process of the run but the driver, multiprocessing's tracker and the idle fork server (a
-                # fork of the driver, made before RunPlan's checks: local.start_fork_server_here); a rank is named
-                # "<group>:<rank>", a stdlib-started server's command line names multiprocessing.forkserver
+                # every process of the run but the driver and its own children: multiprocessing's tracker and the
+                # fork server, idle (a fork of the driver, made before RunPlan's checks: local.start_fork_server_here).
+                # A rank is the server's child.
                 spawned[name] |= {pid: cmd for pid, cmd in marked_processes(marker).items()
-                                  if pid != proc.pid and "resource_tracker" not in cmd
-                                  and process_name(pid) not in ("", local.SERVER_NAME)}
+                                  if pid != proc.pid and parent_pid(pid) != proc.pid}
         time.sleep(0.1)
     runs = {}
     for name, (proc, marker, out, err, tmp) in started.items():
