@@ -112,7 +112,7 @@ def start_fork_server_here(preload: tuple[str, ...] = ()) -> bool:
     The server gets default signal handlers and torch's default random state, as a fresh interpreter has."""
     import importlib
     import multiprocessing.forkserver as forkserver
-    from multiprocessing import connection, resource_tracker
+    from multiprocessing import connection
 
     server = forkserver._forkserver  # the stdlib keeps one per process; its fields are what ensure_running() sets
     if (not sys.platform.startswith("linux") or threading.active_count() != 1 or server._forkserver_pid is not None
@@ -128,7 +128,8 @@ def start_fork_server_here(preload: tuple[str, ...] = ()) -> bool:
     modules = FORKSERVER_PRELOAD + list(preload)
     server.set_forkserver_preload(modules)
     with server._lock:
-        resource_tracker.ensure_running()  # before the fork: the server's ranks report to this process's tracker
+        # (No resource tracker yet, unlike the stdlib's start: the first rank's launch starts it, as this process's
+        # child, and hands it to the rank; a config RunPlan refuses then leaves no tracker behind for a moment.)
         listener = socket.socket(socket.AF_UNIX)
         address = connection.arbitrary_address("AF_UNIX")  # abstract on Linux: nothing to unlink
         listener.bind(address)
