@@ -143,7 +143,9 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_last_checkpoint(tmp_path):
         assert time.monotonic() < deadline and proc.poll() is None, "the run did not reach its first checkpoint"
         time.sleep(0.2)
     workers = _workers_of(proc.pid)
-    assert len(workers) == 1 + 3  # the fork server; env, rollout, actor
+    # the fork server (a fork of the driver, named: local.start_fork_server_here); env, rollout, actor, by name
+    assert len(workers) == 1 + 3
+    assert sorted(map(process_name, workers[1:])) == ["ActorGroup:0", "EnvGroup:0", "RolloutGroup:0"]
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
     _, err = proc.communicate(timeout=30)

@@ -4,9 +4,12 @@ pipes, channels over kernel queues, tensors through shared memory (codec.py).
 Ranks. Each rank is a process forked from a fork server, one per driver, that imported torch once
 (`multiprocessing`'s "forkserver" start method, the default from Python 3.14 on Linux): 4 ranks answer their first
 call 0.18 s after launch, against 3.1 s when each is a fresh interpreter importing torch ("spawn"); the server's own
-start, once per driver process, is ~1.3 s (`python -m benchmarks --only backends`, row "local: rank start").
+start, once per driver process, is ~1.3-3 s (`python -m benchmarks --only backends`, row "local: rank start").
 The server is a fresh interpreter, not a copy of the driver: it has no threads, no CUDA context and none of the
-driver's state, so the fork is safe. A rank's environment (CUDA_VISIBLE_DEVICES, the CPU cores, RANK, ...) is the
+driver's state, so the fork is safe. Under `python -m rlinf_mini.train` it is a fork of the driver instead, made before
+anything computes (`start_fork_server_here`: the run does not import torch twice). Ranks are named "<group>:<rank>"
+in `ps -o comm` and top, the server SERVER_NAME; their command line is the server's.
+A rank's environment (CUDA_VISIBLE_DEVICES, the CPU cores, RANK, ...) is the
 driver's at launch plus its own, set in `worker_main` before anything initializes CUDA or the thread pools.
 The driver talks to a rank through two pipes made at its start: commands in, results out; one write each way and no
 thread in between (a multiprocessing.Queue hands every message to a feeder thread on each side: on 4 ranks that made a
