@@ -177,7 +177,7 @@ class AlgorithmConfig:
     entropy_bonus: float = 0.0
     """Weight of the entropy term subtracted from the loss."""
     # --- reasoning (runner.task_type: reasoning) -------------------------------------------------------------------
-    sampling_params: ReasoningSamplingParams = field(default_factory=lambda: ReasoningSamplingParams())
+    sampling_params: ReasoningSamplingParams = field(default_factory=ReasoningSamplingParams)
     """Reasoning: how the rollout samples responses."""
     rollout_batch_size_per_gpu: int = 4
     """Reasoning: prompts per generate call (a chunk; chunks go round-robin to the rollout ranks). Chunks are cut the
@@ -187,8 +187,6 @@ class AlgorithmConfig:
     loss_agg_func: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     """Reasoning: how token losses become one number: mean over all response tokens of the batch, or per response
     (sum or mean over its tokens) and then the mean over responses."""
-
-
 
 
 @dataclass

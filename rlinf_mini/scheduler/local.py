@@ -122,8 +122,10 @@ def start_fork_server_here(preload: tuple[str, ...] = ()) -> bool:
             or set(vars(server)) != {"_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid",
                                      "_inherited_fds", "_lock", "_preload_modules"}):  # another Python's stdlib
         return False
-    for name in ["torch", "rlinf_mini.scheduler.worker", "rlinf_mini.scheduler.codec", *preload]:
-        importlib.import_module(name)  # what this process imports anyway (the driver builds the model in RunPlan)
+    # what this process imports anyway (the driver builds the model in RunPlan); the server imports torch._dynamo, which
+    # only actor ranks need, itself while this process goes on
+    for name in [m for m in FORKSERVER_PRELOAD if m != "torch._dynamo"] + list(preload):
+        importlib.import_module(name)
     import torch
 
     if torch.cuda.is_initialized():
