@@ -243,24 +243,21 @@ def test_corpus_of_malformed_input_each_gives_one_clear_line_and_starts_nothing(
     for i, case in enumerate(CORPUS):
         file = tmp_path / f"c{i}.yaml"
         log_path = tmp_path / f"results{i}"
-        # where a run would write: in the case's YAML when we write it (so that only a case's own `--` flags cost a
-        # tyro parse: ~30 ms each), else as a flag
+        own_config = case.argv[:1] == ["--config"]  # the case names its file: the one written here goes unread
+        # where a run would write: in the case's YAML where it is written here (so that only a case's own `--` flags
+        # cost a tyro parse, ~30 ms each), else as a flag; a case's own log_path stays
         log_flag = ["--runner.logger.log-path", str(log_path)]
-        if case.yaml_text is None:
+        text = case.yaml_text
+        if text is None:
             sections = _fill(case.sections or {}, tmp_path)
-            runner = sections.get("runner", {})
-            if isinstance(runner, dict) and isinstance(runner.get("logger", {}), dict) \
-                    and "log_path" not in runner.get("logger", {}):  # (a case's own log_path stays)
+            logger = sections.get("runner", {}).get("logger", {}) if isinstance(sections.get("runner", {}), dict) \
+                else None
+            if not own_config and isinstance(logger, dict) and "log_path" not in logger:
                 sections, log_flag = _merge({"runner": {"logger": {"log_path": str(log_path)}}}, sections), []
-            tree = _merge(BASE, sections)
-            text = yaml.dump(tree, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))  # libyaml's: ~7x faster
-        else:
-            text = case.yaml_text
+            dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's emitter: ~7x faster
+            text = yaml.dump(_merge(BASE, sections), Dumper=dumper)
         file.write_text(text)
-        if case.argv[:1] == ["--config"]:
-            argv, log_flag = _fill(case.argv, tmp_path), ["--runner.logger.log-path", str(log_path)]
-        else:
-            argv = ["--config", str(file), *_fill(case.argv, tmp_path)]
+        argv = _fill(case.argv, tmp_path) if own_config else ["--config", str(file), *_fill(case.argv, tmp_path)]
         try:
             code = main([*argv, *log_flag])
         except BaseException as e:  # noqa: BLE001 (a crash is a finding, recorded with the case)

@@ -48,13 +48,16 @@ def ray_cluster():
         cluster.shutdown()
 
 
-def alive_actors() -> list[str]:
-    """Our actors (rank and queue actors) the GCS still holds alive, by class name, but for those of a shared
-    cluster while it is up (SHARED)."""
+def _alive() -> list[dict]:
+    """The GCS's entries of the actors it still holds alive (ours: rank and queue actors)."""
     from ray._private.state import state
 
-    return [a["ActorClassName"] for a in state.actor_table(None).values()
-            if a["State"] != "DEAD" and a["ActorID"] not in SHARED]
+    return [a for a in state.actor_table(None).values() if a["State"] != "DEAD"]
+
+
+def alive_actors() -> list[str]:
+    """Our live actors by class name, but for those of a shared cluster while it is up (SHARED)."""
+    return [a["ActorClassName"] for a in _alive() if a["ActorID"] not in SHARED]
 
 
 SHARED: set[str] = set()  # the actor ids of TestOneGroupOnTwoNodes's cluster, while it is up
@@ -169,8 +172,8 @@ class _Producer:
 
 class TestOneGroupOnTwoNodes:
     """One cluster of both nodes with one Echo group (rank 0 on node 0, rank 1 on node 1) and its queue actor, shared
-    by these tests in their order; the last one hangs rank 0 and kills rank 1, and ends the cluster. (A group and a
-    cluster per test started 4 rank actors and 3 queue actors more: ~18 s of CPU.)"""
+    by these tests in their order; the last one hangs rank 0 and kills rank 1, and ends the cluster (a group and a
+    cluster per test started 4 rank actors and 3 queue actors more)."""
 
     @pytest.fixture(scope="class")
     def echo(self, ray_cluster):
@@ -179,8 +182,7 @@ class TestOneGroupOnTwoNodes:
             group = launch_echo(c, "0-1", 2, "Echo")
             group.info().wait()
             Channel.create("made_at_setup", c)  # the cluster's queue actor, shared too
-            SHARED.update(a["ActorID"] for a in ray._private.state.state.actor_table(None).values()
-                          if a["State"] != "DEAD")
+            SHARED.update(a["ActorID"] for a in _alive())
             yield c, group
         finally:
             SHARED.clear()
