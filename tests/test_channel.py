@@ -227,3 +227,33 @@ def test_frames_drawn_in_shared_memory_train_bitwise_the_same_on_local_and_inlin
         for k in a:
             va, vb = (a[k], b[k]) if isinstance(a[k], dict) else ({k: a[k]}, {k: b[k]})
             assert va.keys() == vb.keys() and all(torch.equal(va[n], vb[n]) for n in va), k
+
+
+def test_a_wait_spins_only_while_spinning_catches_the_message(monkeypatch):
+    """local.py polls a would-block socket for up to SPIN_S before sleeping in poll(); after SPIN_MISSES spins in a
+    row that caught nothing it stops spinning, tries once every SPIN_RETRY waits, and resumes when a try catches."""
+    monkeypatch.setattr(local, "_spin", {"misses": 0, "skipped": 0})
+    calls = []
+
+    def after(n: int):
+        def op(arg, flags):  # a socket call that would block `n` times, then succeeds
+            calls.append(flags)
+            if len(calls) <= n:
+                raise BlockingIOError
+            return arg
+        return op
+
+    assert local._spin_for(after(3), b"msg") == b"msg" and len(calls) == 4  # caught within the spin
+    assert calls[0] & local.socket.MSG_DONTWAIT  # never a blocking call
+    for _ in range(local.SPIN_MISSES):  # the other side is slow: spins that catch nothing
+        calls.clear()
+        with pytest.raises(BlockingIOError):
+            local._spin_for(after(10**9), b"msg")
+        assert len(calls) > 1  # it polled for the whole spin
+    calls.clear()
+    for _ in range(local.SPIN_RETRY - 1):  # no more spinning: straight to poll()
+        with pytest.raises(BlockingIOError):
+            local._spin_for(after(0), b"msg")
+    assert calls == []
+    assert local._spin_for(after(0), b"msg") == b"msg"  # the SPIN_RETRY-th wait tries, and catches...
+    assert local._spin == {"misses": 0, "skipped": 0}  # ...so the next waits spin again
