@@ -551,6 +551,9 @@ class ChannelServer:
 
 
 _local = threading.local()  # one server connection per thread
+_opened: dict[tuple[str, str, Hashable], _KeyEnds] = {}  # (address, channel, key) -> this process's ends
+_opened_lock = threading.Lock()
+
 
 # A get (or a put on a full key) that would block first polls the socket for up to SPIN_S, then sleeps in poll().
 # Waking a process that sleeps in poll() takes ~50-100 us on this 2-core VM, the order of one MLP inference (~0.3 ms):
@@ -582,8 +585,6 @@ def _spin_for(op, arg):
         return value
     _spin["misses"] += 1
     raise BlockingIOError
-_opened: dict[tuple[str, str, Hashable], _KeyEnds] = {}  # (address, channel, key) -> this process's ends
-_opened_lock = threading.Lock()
 
 
 class _KeyEnds:
