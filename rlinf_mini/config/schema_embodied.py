@@ -1,0 +1,78 @@
+"""The embodied sections of the schema: env.train / env.eval (RLinf's `env:` block), as tyro dataclasses."""
+
+# (No `from __future__ import annotations` here: tyro reads these annotations at every parse with flags, and typing
+# compiled string annotations again each time, ~15 % of a parse.)
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class InitParams:
+    id: str = "FakeReach-v0"
+    """Environment id: 'FakeReach-v0' for the fake env, or any gymnasium id (e.g. 'CartPole-v1')."""
+    dim: int = 2
+    """rlinf_mini, fake env: dimension of the reach space (obs = [position, goal], action in R^dim)."""
+    goal_radius: float = 0.15
+    """rlinf_mini, fake env: the episode succeeds when the position is this close to the goal."""
+    grid_size: int = 5
+    """rlinf_mini, PixelReach-v0: the grid is grid_size x grid_size cells."""
+    cell_pixels: int = 4
+    """rlinf_mini, PixelReach-v0: each cell is cell_pixels x cell_pixels pixels (image side = grid_size * this)."""
+    make_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
+    """env_type gymnasium: keyword arguments of gymnasium.make. In YAML write them beside id, as RLinf does
+    (`init_params: {id: LunarLander-v3, continuous: true}`): every init_params key not named above lands here."""
+
+
+@dataclass
+class VideoConfig:
+    save_video: bool = False
+    """Write, at each evaluation, a gif per recorded eval sub-env (the instruction and the outcome drawn on it)."""
+    info_on_video: bool = True
+    """Draw the instruction (or env id), the return so far and success on the frames."""
+    video_base_dir: str = ""
+    """Folder for the videos; '' = <log_path>/<experiment_name>/videos."""
+    num_videos: int = 4
+    """rlinf_mini: record this many sub-envs per env rank (the first ones of pipeline stage 0)."""
+
+
+@dataclass
+class EnvSplitConfig:
+    env_type: Literal["fake", "gymnasium", "maniskill"] = "fake"
+    """'fake' (rlinf_mini's CPU envs), 'gymnasium' (any installed gymnasium id in init_params.id) or 'maniskill'
+    (a ManiSkill3 id; needs the maniskill extra and a render device)."""
+    total_num_envs: int = 16
+    """Sub-envs across all env ranks and pipeline stages."""
+    auto_reset: bool = True
+    """Reset a sub-env as soon as its episode ends (otherwise it stays done until the next rollout epoch)."""
+    seed: int = 0
+    """Seed of the env's reset states."""
+    group_size: int = 1
+    """Consecutive sub-envs that share one reset state (GRPO groups)."""
+    use_fixed_reset_state_ids: bool = False
+    """Draw the same reset states at every reset round (use for eval, to compare steps on the same episodes)."""
+    max_steps_per_rollout_epoch: int = 32
+    """Env steps per rollout epoch (a multiple of actor.model.num_action_chunks)."""
+    max_episode_steps: int = 32
+    """Truncate episodes after this many env steps."""
+    rollout_epoch: int = 1
+    """Rollout epochs per training step; their trajectories are concatenated along the env axis."""
+    step_latency_s: float = 0.0
+    """rlinf_mini: sleep this long per env step, to emulate a slow simulator (RLinf's InsertDelay wrapper)."""
+    init_params: InitParams = field(default_factory=InitParams)
+    """Parameters for constructing the env."""
+    video_cfg: VideoConfig = field(default_factory=VideoConfig)
+    """Eval videos (read for env.eval only)."""
+
+
+@dataclass
+class EnvConfig:
+    group_name: str = "EnvGroup"
+    """Worker group name."""
+    train: EnvSplitConfig = field(default_factory=EnvSplitConfig)
+    """Envs used to collect training rollouts."""
+    eval: EnvSplitConfig = field(
+        default_factory=lambda: EnvSplitConfig(auto_reset=False, seed=10_000, use_fixed_reset_state_ids=True)
+    )
+    """Envs used for evaluation (one episode per sub-env, deterministic actions)."""
+

@@ -1,0 +1,84 @@
+"""The reasoning sections of the schema (runner.task_type: reasoning): data, reward, algorithm.sampling_params."""
+
+# (No `from __future__ import annotations` here: tyro reads these annotations at every parse with flags, and typing
+# compiled string annotations again each time, ~15 % of a parse.)
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class ReasoningSamplingParams:
+    do_sample: bool = True
+    """Sample (True) or take the argmax (False) for training responses; evaluation is always greedy."""
+    temperature: float = 1.0
+    """Logits are divided by this before sampling; the log-probs are those of softmax(logits / temperature)."""
+    top_k: int = -1
+    """Sample among the k most likely tokens only (<= 0: all)."""
+    top_p: float = 1.0
+    """Sample among the most likely tokens whose probabilities sum to top_p (nucleus); 1.0 = all."""
+    max_new_tokens: int = -1
+    """Response tokens at most; -1 = runner.seq_length - data.max_prompt_length."""
+
+
+@dataclass
+class ArithmeticDataConfig:
+    num_train: int = 4096
+    """rlinf_mini: problems written to the train file."""
+    num_val: int = 256
+    """rlinf_mini: held-out problems written to the val file (none of them is in the train file)."""
+    max_operand: int = 99
+    """rlinf_mini: operands are drawn from 0..max_operand."""
+    seed: int = 0
+    """rlinf_mini: seed of the generated problems."""
+    few_shot: int = 0
+    """rlinf_mini: start each prompt with this many solved problems, one per line (for pretrained models)."""
+
+
+@dataclass
+class DataConfig:
+    type: Literal["math"] = "math"
+    """Reasoning data: prompts with reference answers, scored by the math verifier."""
+    dataset_name: str = ""
+    """'arithmetic': the entry writes train_data_paths[0] / val_data_paths[0] when missing (rlinf_mini/data)."""
+    train_data_paths: list[str] = field(default_factory=list)
+    """JSONL files of training prompts, one object per line with prompt_key and answer_key."""
+    val_data_paths: list[str] = field(default_factory=list)
+    """JSONL files of held-out prompts (greedy exact match, logged as eval/accuracy)."""
+    prompt_key: str = "prompt"
+    """The JSON key of the prompt text."""
+    answer_key: str = "solutions"
+    """The JSON key of the reference answer (a string or a list of accepted strings)."""
+    max_prompt_length: int = 16
+    """Prompt tokens at most (prompts are left-padded to the longest of their batch)."""
+    filter_prompt_by_length: bool = True
+    """Drop prompts longer than max_prompt_length (else they are an error)."""
+    rollout_batch_size: int = 16
+    """Prompts per training step; each gets algorithm.group_size responses."""
+    shuffle: bool = True
+    """Visit the train prompts in a new order each epoch (a function of seed and epoch)."""
+    seed: int = 1234
+    """Seed of the shuffle."""
+    arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
+    """rlinf_mini: the generated arithmetic task (dataset_name 'arithmetic')."""
+
+
+@dataclass
+class RewardConfig:
+    group_name: str = "RewardGroup"
+    """Worker group name."""
+    use_reward_model: bool = False
+    """Only rule-based rewards exist here (false)."""
+    reward_type: Literal["math"] = "math"
+    """'math': the rule-based math verifier (stages/reasoning_reward.py)."""
+    reward_scale: float = 1.0
+    """Rewards are reward_max_val or reward_min_val, times this."""
+    reward_max_val: float = 1.0
+    """Reward of a correct answer (before reward_scale)."""
+    reward_min_val: float = -1.0
+    """Reward of a wrong or missing answer (before reward_scale)."""
+    permute_rewards: bool = False
+    """rlinf_mini: a control experiment: the actor shuffles the rewards within each step's batch (seeded), so they
+    carry no information about the responses; a run that still improves learns from something else."""
+
+
