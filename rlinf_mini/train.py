@@ -148,8 +148,11 @@ class ReasoningRunPlan:
         self.weight_bytes = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
         self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
         self.preload = _preload(cfg)
-        self.train_set = PromptDataset.from_jsonl(cfg.data.train_data_paths, cfg.data, tokenizer)
-        self.val_set = PromptDataset.from_jsonl(cfg.data.val_data_paths, cfg.data, tokenizer, "data.val_data_paths")
+        self.train_set = PromptDataset.from_files(cfg.data.train_data_paths, cfg.data, tokenizer)
+        self.val_set = PromptDataset.from_files(cfg.data.val_data_paths, cfg.data, tokenizer, "data.val_data_paths")
+        for key, dataset in (("data.train_data_paths", self.train_set), ("data.val_data_paths", self.val_set)):
+            if note := dataset.dropped_note(key, cfg.data.max_prompt_length):
+                print(note, file=sys.stderr)
         if cfg.data.rollout_batch_size > len(self.train_set):
             raise ConfigError(f"{source}: data.rollout_batch_size: {cfg.data.rollout_batch_size} exceeds the "
                               f"{len(self.train_set)} train prompts")

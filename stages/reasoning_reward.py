@@ -3,7 +3,8 @@ r"""Stage 3'' (reasoning) — reward: a rule-based math verifier scores each res
     reward:   rank r takes chunks r, r+W, ...: rollout_channel.get -> decode -> verify -> reward_channel.put
 
 The answer is extracted like RLinf's math verifier: the last `\boxed{...}` (nested braces allowed), else what
-follows the last "the answer is", else the last number in the text. Two answers are equal when both parse as
+follows the last "####" on its line (GSM8K's format; rlinf_mini's addition), else what follows the last "the answer
+is", else the last number in the text. Two answers are equal when both parse as
 numbers (integers, decimals, `a/b`, `\frac{a}{b}`, `\dfrac`, with sign, `$`, spaces and thousands commas ignored)
 and are equal as fractions, or else when their normalized strings are equal. Only ASCII digits count as digits, and
 numbers over MAX_DIGITS digits are compared as strings (Python refuses to parse ints over 4300 digits), so any
@@ -49,10 +50,15 @@ def last_boxed(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """The response's final answer: last boxed, else after the last 'the answer is', else the last number."""
+    """The response's final answer: last boxed, else after the last '####', else after the last 'the answer is',
+    else the last number."""
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed.strip()
+    if "####" in text:  # GSM8K's final-answer line: '... #### 72'
+        tail = text.rsplit("####", 1)[1].strip().split("\n", 1)[0].strip()
+        if tail:
+            return tail
     lower = text.lower()
     at = lower.rfind("the answer is")
     if at >= 0:
