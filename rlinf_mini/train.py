@@ -59,6 +59,18 @@ def _place(plan, cfg: TrainConfig, source: str, placement_cls, components: tuple
     plan.world_sizes = {c: plan.placement.get_world_size(c) for c in components}
 
 
+def _new_run_dir(cfg: TrainConfig, source: str) -> Path:
+    """The run's folder, refused if an earlier run wrote there and this one does not resume it: two runs in one folder
+    would mix their metrics, and `resume_dir: auto` would find the old one's checkpoints."""
+    from rlinf_mini.runner import holds_a_run
+
+    run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
+    if cfg.runner.resume_dir is None and holds_a_run(run_dir):
+        raise ConfigError(f"{source}: runner.logger.experiment_name: {run_dir} already holds a run; resume it "
+                          f"with runner.resume_dir=auto or pick another runner.logger.experiment_name")
+    return run_dir
+
+
 class RunPlan:
     """Everything decided before any process starts: the placement, the world sizes, the run folder."""
 
@@ -92,12 +104,7 @@ class RunPlan:
                              spec.obs_dim, spec.action_dim, spec.discrete, image_shape=spec.image_shape)
             except ValueError as e:
                 raise ConfigError(f"{source}: rollout.model.model_path: {str(e).split(': ', 1)[-1]}") from None
-        self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
-        from rlinf_mini.runner import holds_a_run
-
-        if cfg.runner.resume_dir is None and holds_a_run(self.run_dir):  # never mix two runs in one folder
-            raise ConfigError(f"{source}: runner.logger.experiment_name: {self.run_dir} already holds a run; resume it "
-                              f"with runner.resume_dir=auto or pick another runner.logger.experiment_name")
+        self.run_dir = _new_run_dir(cfg, source)
 
 
 def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa: F821
@@ -134,6 +141,7 @@ class ReasoningRunPlan:
         _place(self, cfg, source, ReasoningComponentPlacement, ("rollout", "reward", "actor"))
         check_reasoning_batch_arithmetic(cfg, self.world_sizes["rollout"], self.world_sizes["reward"],
                                          self.world_sizes["actor"], source)
+        self.run_dir = _new_run_dir(cfg, source)  # before the data and the model are made: seconds of warm start
         ensure_arithmetic_data(cfg)
         path = cfg.actor.model.model_path
         if not Path(path).exists():  # the initial HF folder, as `python -m rlinf_mini.models.make_tiny_lm`
@@ -156,7 +164,6 @@ class ReasoningRunPlan:
         if cfg.data.rollout_batch_size > len(self.train_set):
             raise ConfigError(f"{source}: data.rollout_batch_size: {cfg.data.rollout_batch_size} exceeds the "
                               f"{len(self.train_set)} train prompts")
-        self.run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
 
 
 def launch_reasoning(cfg: TrainConfig, plan: ReasoningRunPlan, cluster):

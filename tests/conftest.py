@@ -10,6 +10,7 @@ import os
 if os.environ.get("RLINF_MINI_TEST_GPU") != "1":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import sys
 from pathlib import Path
@@ -43,12 +44,80 @@ def write_config(tmp_path: Path, base: str = "configs/embodied_mlp.yaml", **sect
     data = yaml.safe_load((ROOT / base).read_text())
     merge(data, sections)
     data.setdefault("runner", {}).setdefault("logger", {})["log_path"] = str(tmp_path / "results")
+    # a shipped config's relative model folder and data files (results/tiny_vla, results/data/...) are where the
+    # user's own runs keep theirs: a test's go under tmp_path
+    # (a test's deliberately broken section is left as it is)
+    for section in ("actor", "rollout"):
+        model = data.get(section, {}).get("model") if isinstance(data.get(section), dict) else None
+        if isinstance(model, dict) and isinstance(model.get("model_path"), str) and model["model_path"] \
+                and not Path(model["model_path"]).is_absolute():
+            model["model_path"] = str(tmp_path / model["model_path"])
+    paths = data.get("data") if isinstance(data.get("data"), dict) else {}
+    for key in ("train_data_paths", "val_data_paths"):
+        if isinstance(paths.get(key), list):
+            paths[key] = [p if not isinstance(p, str) or Path(p).is_absolute() else str(tmp_path / p)
+                          for p in paths[key]]
     # no timeline unless a test asks for one (runner={"trace": True}): its PNG costs ~0.6 s of CPU per run, and
     # tests/test_tracer.py checks the tracer in training runs
     data["runner"].setdefault("trace", False)
     path = tmp_path / f"cfg_{len(list(tmp_path.glob('cfg_*.yaml')))}.yaml"
     path.write_text(yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper)))
     return path
+
+
+PLANTED = "planted by tests/conftest.py (plant_users_runs): a user's earlier run; no test may read or change it\n"
+
+
+def plant_users_runs(root: Path) -> None:
+    """What a user's runs of every shipped config and of the dataclass defaults leave in their checkout `root` (where
+    the configs' relative paths land): each run folder holds a run (config, metrics, a checkpoint, TensorBoard
+    events), so that a run started there is refused; each model folder and data file is garbage, so that a test that
+    used one instead of its own fails. (A model folder's config.json parses: loading a config reads it, as it reads
+    the user's real one.)"""
+    from rlinf_mini.config import TrainConfig, load_config
+
+    cfgs = [TrainConfig()] + [load_config(["--config", str(p)]) for p in sorted((ROOT / "configs").glob("*.yaml"))]
+    for cfg in cfgs:
+        run = root / cfg.runner.logger.log_path / cfg.runner.logger.experiment_name
+        (run / "checkpoints" / "global_step_1").mkdir(parents=True, exist_ok=True)
+        (run / "checkpoints" / "global_step_1" / "runner.json").write_text('{"global_step": 1}\n')
+        (run / "tensorboard").mkdir(exist_ok=True)
+        (run / "tensorboard" / "events.out.tfevents.0.planted").write_text(PLANTED)
+        (run / "metrics.jsonl").write_text('{"step": 1, "planted": 1.0}\n')
+        (run / "config.yaml").write_text(f"# {PLANTED}")
+        for folder in (cfg.actor.model.model_path, cfg.rollout.model.model_path):
+            if folder and not Path(folder).is_absolute():
+                (root / folder).mkdir(parents=True, exist_ok=True)
+                (root / folder / "config.json").write_text(json.dumps({"planted": PLANTED}))
+        for file in [*cfg.data.train_data_paths, *cfg.data.val_data_paths]:
+            if not Path(file).is_absolute():
+                (root / file).parent.mkdir(parents=True, exist_ok=True)
+                (root / file).write_text(PLANTED)
+
+
+def tree_snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root` with its bytes (None: a folder): equal snapshots, nothing written there."""
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="session")
+def users_checkout(tmp_path_factory) -> Path:
+    """A stand-in for the user's checkout after they ran every shipped config: run its tests or tutorials there
+    (cwd), and a path that escaped its temporary folder meets the user's runs (plant_users_runs)."""
+    root = tmp_path_factory.mktemp("users_checkout")
+    plant_users_runs(root)
+    return root
+
+
+@pytest.fixture
+def in_users_checkout(users_checkout, monkeypatch) -> Path:
+    """The test runs in the user's checkout (cwd) and must leave the user's runs as they were."""
+    before = tree_snapshot(users_checkout)
+    monkeypatch.chdir(users_checkout)
+    yield users_checkout
+    after = tree_snapshot(users_checkout)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k, 0) != after.get(k, 0))
+    assert not changed, f"the test wrote into the user's checkout: {changed[:10]}"
 
 
 def marked_processes(var: str, marker: str) -> dict[int, bytes]:

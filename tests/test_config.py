@@ -107,10 +107,12 @@ def test_no_arguments_gives_the_dataclass_defaults():
     assert load_config([]) == TrainConfig()
 
 
-def test_the_dataclass_defaults_alone_form_a_valid_run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the run folder, results/default, is not created by the plan
-    plan = RunPlan(load_config([]), "defaults")  # placement, batch arithmetic, env and model checks
+def test_the_dataclass_defaults_alone_form_a_valid_run(tmp_path, in_users_checkout):
+    cfg = load_config([])
+    cfg.runner.logger.log_path = str(tmp_path / "results")  # the user's results/default holds their run
+    plan = RunPlan(cfg, "defaults")  # placement, batch arithmetic, env and model checks
     assert plan.world_sizes == {"env": 2, "rollout": 2, "actor": 2}
+    assert not (tmp_path / "results").exists()  # the plan creates no run folder
 
 
 def test_yaml_overrides_defaults_key_by_key(tmp_path):
@@ -186,7 +188,7 @@ def test_defaults_round_trip_through_yaml(tmp_path):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
-def test_shipped_config_round_trips_and_is_valid(tmp_path, config):
+def test_shipped_config_round_trips_and_is_valid(tmp_path, config, in_users_checkout):
     cfg = config_from_yaml(config)
     save_config(cfg, tmp_path / "out.yaml")
     assert config_from_yaml(tmp_path / "out.yaml") == cfg
@@ -198,7 +200,10 @@ def test_shipped_config_round_trips_and_is_valid(tmp_path, config):
             module = "mujoco"
     if module and importlib.util.find_spec(module) is None:
         pytest.skip(f"{config.name}: {module} is not installed")
-    if cfg.actor.model.model_type == "tiny_vla":  # RunPlan creates the model folder: here, not in the checkout
+    # the run folder and the model folder RunPlan creates: here, not in the user's checkout (cwd), whose results/
+    # holds their runs of every shipped config
+    cfg.runner.logger.log_path = str(tmp_path / "results")
+    if cfg.actor.model.model_type == "tiny_vla":
         cfg.actor.model.model_path = str(tmp_path / "tiny_vla")
     if cfg.runner.task_type == "reasoning":  # placement and batch arithmetic (ReasoningRunPlan would make the model)
         from rlinf_mini.config import check_reasoning_batch_arithmetic

@@ -19,8 +19,9 @@ MLP = str(ROOT / "configs/embodied_mlp.yaml")
 
 
 @pytest.fixture(autouse=True)
-def no_process_may_start(monkeypatch):
-    """Any process start (a worker, the cluster) fails the test; virtual CPU devices even on a GPU machine."""
+def no_process_may_start(monkeypatch, in_users_checkout):
+    """Any process start (a worker, the cluster) fails the test; virtual CPU devices even on a GPU machine. Each test
+    runs in the user's checkout after their runs of every shipped config (conftest.in_users_checkout)."""
     import torch
 
     import rlinf_mini.scheduler.cluster
@@ -101,7 +102,7 @@ BROKEN = [  # (overrides, base config, the key and number that break it)
 @pytest.mark.parametrize("overrides, base, breaking", BROKEN,
                          ids=["micro-batch", "envs-vs-global-batch", "stages", "rollout-ranks", "chunks",
                               "grpo-groups"])
-def test_a_broken_config_names_the_number_and_two_settings_that_pass(overrides, base, breaking, capsys):
+def test_a_broken_config_names_the_number_and_two_settings_that_pass(overrides, base, breaking, capsys, tmp_path):
     argv = ["--config", base, *overrides]
     code, out, err = explain(argv, capsys)
     assert code == 2
@@ -115,6 +116,7 @@ def test_a_broken_config_names_the_number_and_two_settings_that_pass(overrides, 
     for line in suggestions:
         fixed = argv + line.split()
         cfg = load_config(fixed)  # validate_config
+        cfg.runner.logger.log_path = str(tmp_path / "results")  # not the user's results/embodied, which holds a run
         RunPlan(cfg, "fixed")  # placement, batch arithmetic, env and model: what a run checks before starting
         code, out, err = explain(fixed, capsys)
         assert code == 0 and "all checks pass" in out and err == ""

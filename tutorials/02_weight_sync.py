@@ -57,7 +57,7 @@ try:
         timed_out = False
     except TimeoutError as e:
         timed_out = True
-        print(f"TimeoutError: {e}")
+        print(f"as expected, a version nobody sent times out: TimeoutError: {e}")
 finally:
     sender.close()
     receiver.close()  # unmaps the buffer: the rollout model's parameters are gone with it
@@ -95,13 +95,16 @@ assert receiver.version == 1 and timed_out
 # weights that collected the data are. 0 means the data came from the very weights about to be trained.
 
 # %%
+import shutil
 import time
 
 from rlinf_mini.config import load_config
 from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.train import RunPlan, launch
 
+shutil.rmtree(OUT / "runs" / "02_weight_sync", ignore_errors=True)  # a run folder holds one run: start afresh
 argv = ["--config", str(ROOT / "configs/embodied_mlp.yaml"), "--runner.no-progress-bar",
+        "--runner.logger.log-path", str(OUT / "runs"), "--runner.logger.experiment-name", "02_weight_sync",
         "--cluster.component-placement.env", "0-1", "--cluster.component-placement.rollout", "0-1",
         "--cluster.component-placement.actor", "0", "--runner.weight-sync-interval", "2",
         "--env.train.total-num-envs", "16", "--env.train.max-steps-per-rollout-epoch", "8",
@@ -181,8 +184,6 @@ assert startup_s > work_s
 # trains on data from the weights it is updating.
 
 # %%
-import shutil
-
 from rlinf_mini.train import build_and_run
 
 shutil.rmtree(OUT / "runs" / "02_default", ignore_errors=True)  # a run folder holds one run: start afresh
