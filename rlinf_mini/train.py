@@ -223,7 +223,7 @@ def build_and_run(cfg: TrainConfig, plan: RunPlan | ReasoningRunPlan) -> list[di
     save_config(cfg, plan.run_dir / "config.yaml")
     if plan.device_plan.note:
         print(plan.device_plan.note, file=sys.stderr)  # once, at start
-    cluster = Cluster(cfg.cluster, preload=plan.preload)
+    cluster = Cluster(cfg.cluster, preload=plan.preload, device_plan=plan.device_plan)
     previous = _stop_on_signals(cluster) if threading.current_thread() is threading.main_thread() else {}
     try:
         runner = (launch_reasoning if isinstance(plan, ReasoningRunPlan) else launch)(cfg, plan, cluster)
@@ -280,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"interrupted: all workers stopped ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + signum
+    except ConfigError as e:  # what only the cluster can tell (a Ray cluster's nodes and GPUs): before any worker
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except ShmFullError as e:  # the driver's check: before any worker started
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -75,7 +75,7 @@ def _ray_node_and_mailbox() -> tuple[str, Any]:
     node = os.environ.get(_RAY_NODE, "")
     if not node:
         return "", None
-    from rlinf_mini.scheduler.ray_backend import weights_mailbox
+    from rlinf_mini.scheduler.ray_channel import weights_mailbox
 
     return node, weights_mailbox()
 

@@ -206,7 +206,7 @@ def test_fewer_devices_than_gpus_is_said_once_at_start(tmp_path, monkeypatch, ca
     class Stop(Exception):
         pass
 
-    def no_cluster(self, cfg, preload=()):
+    def no_cluster(self, cfg, preload=(), device_plan=None):
         raise Stop
 
     monkeypatch.setattr(cluster_module.Cluster, "__init__", no_cluster)

@@ -22,10 +22,11 @@ from test_channel import check_lent_buffer_rules  # noqa: E402
 from test_pipeline import cat_ranks, small_cfg  # noqa: E402
 from toy_workers import BrokenWorker, EchoWorker  # noqa: E402
 
-from rlinf_mini.config import ClusterConfig  # noqa: E402
+from rlinf_mini.config import ClusterConfig, ConfigError  # noqa: E402
 from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelTimeout  # noqa: E402
 from rlinf_mini.scheduler.cluster import Cluster  # noqa: E402
-from rlinf_mini.scheduler.ray_backend import MAX_IN_FLIGHT, _import_roots  # noqa: E402
+from rlinf_mini.scheduler.ray_backend import _import_roots  # noqa: E402
+from rlinf_mini.scheduler.ray_channel import MAX_IN_FLIGHT  # noqa: E402
 from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError  # noqa: E402
 from rlinf_mini.train import RunPlan, launch  # noqa: E402
 from stages.placement import ComponentPlacement  # noqa: E402
@@ -163,9 +164,9 @@ class _Producer:
 
     def in_flight(self, channel, key) -> int:
         """This process's puts to `key` that the queue actor has not answered yet."""
-        from rlinf_mini.scheduler import ray_backend
+        from rlinf_mini.scheduler import ray_channel
 
-        box = ray_backend._outboxes.get((channel.transport.uid, key))
+        box = ray_channel._outboxes.get((channel.transport.uid, key))
         refs = [ref for ref, _ in list(box.in_flight)] if box is not None else []
         return len(ray.wait(refs, num_returns=len(refs), timeout=0)[1]) if refs else 0
 
@@ -322,7 +323,7 @@ class TestOneGroupOnTwoNodes:
 
 
 def test_num_nodes_beyond_the_ray_cluster_is_refused(ray_cluster):
-    with pytest.raises(RuntimeError, match=r"cluster\.num_nodes=3, but the Ray cluster has 2 alive node\(s\)"):
+    with pytest.raises(ConfigError, match=r"cluster\.num_nodes: 3, but the Ray cluster at \S+ has 2 alive node\(s\)"):
         Cluster(ClusterConfig(backend="ray", num_nodes=3, num_devices=3))
 
 

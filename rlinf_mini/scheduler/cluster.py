@@ -9,9 +9,10 @@ A rank placed on GPU device d gets CUDA_VISIBLE_DEVICES set to the d-th entry of
 (index or UUID, as the user gave it) before torch is imported in it, so inside it its GPU is cuda:0 (RLinf binds GPUs
 the same way, through environment variables); when the placement names more devices than there are GPUs, device d
 uses GPU d mod the GPU count (scheduler/devices.py decides). Without GPUs, a node's CPU cores are split evenly over its
-D virtual devices; a rank on virtual device d is pinned to that device's cores and gets as many torch threads (local
-backend). So the same YAML runs on a laptop and on a GPU box, and on one backend or another
-(`cluster.backend`: backend.py).
+D virtual devices; a rank on virtual device d is pinned to that device's cores. A rank's torch thread count comes from
+its placement alone (devices.rank_threads), on every backend and device type, so that the same config gives the same
+float sums on one node or several, whatever CPUs each has. So the same YAML runs on a laptop and on a GPU box, and on
+one backend or another (`cluster.backend`: backend.py).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py::Cluster` (a Ray-based singleton with node probes and manager
 actors). Left out: node groups, heterogeneous nodes.
@@ -29,8 +30,9 @@ from rlinf_mini.scheduler.backend import Backend, RankSpec
 from rlinf_mini.scheduler.placement import ProcessPlacement
 
 
-def make_backend(cfg: ClusterConfig, preload: tuple[str, ...] = ()) -> Backend:
-    """The backend `cluster.backend` names (imported here, so a run pays only for the one it uses)."""
+def make_backend(cfg: ClusterConfig, preload: tuple[str, ...] = (), gpus_per_node: int = 0) -> Backend:
+    """The backend `cluster.backend` names (imported here, so a run pays only for the one it uses). `gpus_per_node`:
+    the GPUs each node needs (the Ray backend checks its cluster has them)."""
     if cfg.backend == "inline":
         from rlinf_mini.scheduler.inline import InlineBackend
 
@@ -38,16 +40,19 @@ def make_backend(cfg: ClusterConfig, preload: tuple[str, ...] = ()) -> Backend:
     if cfg.backend == "ray":
         from rlinf_mini.scheduler.ray_backend import RayBackend
 
-        return RayBackend(cfg)
+        return RayBackend(cfg, gpus_per_node)
     from rlinf_mini.scheduler.local import LocalBackend
 
     return LocalBackend(cfg.timeout_s, preload)
 
 
 class Cluster:
-    def __init__(self, cfg: ClusterConfig, preload: tuple[str, ...] = ()):
+    def __init__(self, cfg: ClusterConfig, preload: tuple[str, ...] = (),
+                 device_plan: devices.DevicePlan | None = None):
         """`preload`: modules every rank will import (the model's, say); the local backend's fork server imports
-        them once, if this cluster is the one that starts it (one server per driver process: scheduler/local.py)."""
+        them once, if this cluster is the one that starts it (one server per driver process: scheduler/local.py).
+        `device_plan`: the run's every rank (train.py's RunPlan), from which a rank's share of its GPU is counted (a
+        Cluster without it gives each rank its GPUs whole)."""
         import torch
 
         self.cfg = cfg
@@ -64,7 +69,10 @@ class Cluster:
         self.groups: list = []
         self._cores = sorted(os.sched_getaffinity(0))
         self._closed = False
-        self.backend = make_backend(cfg, preload)
+        self._gpu_ranks = devices.ranks_per_gpu(*device_plan.rank_devices(), max(1, self.devices_per_node)) \
+            if device_plan is not None else None
+        gpus_per_node = min(self.devices_per_node, len(self.visible_gpus)) if self.device_type == "cuda" else 0
+        self.backend = make_backend(cfg, preload, gpus_per_node)
         atexit.register(self.shutdown)
 
     def device_cores(self, device: int) -> list[int]:
@@ -87,13 +95,18 @@ class Cluster:
             gpus = tuple(env["CUDA_VISIBLE_DEVICES"].split(","))
         else:
             cores = tuple(sorted({c for d in placement.devices for c in self.device_cores(d)}))
-            env |= {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(cores)), "MKL_NUM_THREADS": str(len(cores))}
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        threads = devices.rank_threads(placement.devices)
+        counts = self._gpu_ranks if self._gpu_ranks is not None else {(node, g): 1 for g in gpus}
+        share = devices.gpu_share(gpus, node, counts)
+        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         # OpenMP threads spin after each parallel region by default; with several processes sharing cores that
         # spinning starves the others (a 400 KB copy measured 8 ms instead of 30 us). Passive threads sleep instead.
         env["OMP_WAIT_POLICY"] = "PASSIVE"
         return RankSpec(group_name=group.name, rank=placement.rank, world_size=group.world_size,
                         cls_module=group.cls.__module__, cls_name=group.cls.__qualname__, cfg=group.cfg,
-                        args=group.args, devices=placement.devices, node=node, gpus=gpus, cores=cores, env=env)
+                        args=group.args, devices=placement.devices, node=node, gpus=gpus, cores=cores, threads=threads,
+                        gpu_share=share, env=env)
 
     def check_workers(self) -> None:
         """Raise if any rank of any group has ended (a rank only ends when told to), or if any pending call of any

@@ -24,6 +24,37 @@ from rlinf_mini.scheduler.placement import PlacementStrategy
 CPU_DEFAULT_DEVICES = 2  # cluster.num_devices = -1 on a machine without a GPU: two shares of the CPU cores
 
 
+THREADS_PER_DEVICE = 1  # torch threads per device a rank is placed on: one core's share on the default 2-core machine
+
+
+def rank_threads(placement_devices: tuple[int, ...]) -> int:
+    """torch's intra-op threads (and OMP/MKL's) for a rank placed on `placement_devices`, on any backend, node and
+    device type: a number from the config, never the node's core count. A float sum split over 2 threads is not the
+    1-thread sum (embodied_mlp's eval/return at step 0: 0.00928457360714674 with 1, ...174450159 with 2), so a count
+    from the node would give other bits on 2 nodes, or on nodes with other CPU shares."""
+    return THREADS_PER_DEVICE * len(placement_devices)
+
+
+def ranks_per_gpu(rank_devices: list[tuple[int, ...]], rank_gpus: list[tuple[str, ...]],
+                  devices_per_node: int) -> dict[tuple[int, str], int]:
+    """How many ranks of the run use each GPU, by (node, CUDA_VISIBLE_DEVICES entry): rank r is on devices
+    rank_devices[r] (node = its first device // devices_per_node) and GPUs rank_gpus[r]."""
+    counts: dict[tuple[int, str], int] = {}
+    for devs, gpus in zip(rank_devices, rank_gpus, strict=True):
+        for g in gpus:
+            key = (devs[0] // devices_per_node, g)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def gpu_share(gpus: tuple[str, ...], node: int, counts: dict[tuple[int, str], int]) -> float:
+    """The GPUs a rank asks Ray for (`num_gpus`): 1 / the run's ranks on each of its GPUs, summed; rounded down to
+    Ray's resolution (1e-4) so that the shares of one GPU sum to at most 1, and to a whole number above 1 (Ray takes
+    no fraction above one). 0 on CPU devices, or for a GPU the counts do not hold."""
+    total = sum(1 / counts[(node, g)] for g in gpus if counts.get((node, g)))
+    return float(int(total)) if total > 1 else int(total * 10_000) / 10_000
+
+
 def visible_gpus(environ: Mapping[str, str], gpu_count: int) -> list[str]:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (indices or UUIDs), in CUDA's order.
 
@@ -133,6 +164,10 @@ class DevicePlan:
     collective: tuple[str, str]  # the actor group's (backend, why)
     sync: tuple[str, ...]  # path to each rollout rank
     note: str | None  # fewer devices than GPUs
+
+    def rank_devices(self) -> tuple[list[tuple[int, ...]], list[tuple[str, ...]]]:
+        """Every rank of every component: (its devices, its GPUs), in the same order."""
+        return ([d for c in self.components for d in c.devices], [g for c in self.components for g in c.gpus])
 
     def component(self, name: str) -> ComponentDevices:
         return next(c for c in self.components if c.component == name)

@@ -137,7 +137,7 @@ class InlineRanks(GroupRanks):
     def _rank_main(self, spec: RankSpec) -> None:
         import torch
 
-        turn = _Turn(self.backend, f"{spec.group_name} rank {spec.rank}", len(spec.cores))
+        turn = _Turn(self.backend, f"{spec.group_name} rank {spec.rank}", spec.threads)
         _turn.give, _turn.take = turn.give, turn.take  # for waiting_for_others(), in this thread only
         tracer.set_thread_identity(spec.group_name, spec.rank)
         # a GPU rank computes on the driver's GPU of its first device (spec.gpus may name it by UUID)

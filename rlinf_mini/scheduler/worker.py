@@ -293,6 +293,9 @@ class _RankSelection:
 def build_worker(spec: RankSpec, device, make_collective) -> Worker:
     """Construct the rank's worker: runtime attributes first, then the class's own __init__ (an injected fault with
     method=__init__ fires before it)."""
+    import torch
+
+    torch.set_num_threads(spec.threads)  # every backend: the placement's count (RankSpec.threads says why)
     cls = getattr(importlib.import_module(spec.cls_module), spec.cls_name)
     worker = cls.__new__(cls)
     worker._rank, worker._world_size, worker._group_name = spec.rank, spec.world_size, spec.group_name
