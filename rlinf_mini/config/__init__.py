@@ -48,14 +48,14 @@ from rlinf_mini.config.schema import (
 )
 from rlinf_mini.config.schema_embodied import EnvConfig, EnvSplitConfig, InitParams, VideoConfig
 from rlinf_mini.config.schema_reasoning import ArithmeticDataConfig, DataConfig, ReasoningSamplingParams, RewardConfig
-from rlinf_mini.config.yaml_tree import read_yaml_tree, resolve_interpolations
+from rlinf_mini.config.yaml_tree import RESOLVERS, read_yaml_tree
 
 __all__ = [
-    "PRECISIONS", "ActorConfig", "AlgorithmConfig", "ArithmeticDataConfig", "ClusterConfig", "ConfigError",
+    "PRECISIONS", "RESOLVERS", "ActorConfig", "AlgorithmConfig", "ArithmeticDataConfig", "ClusterConfig", "ConfigError",
     "DataConfig", "EnvConfig", "EnvSplitConfig", "InitParams", "LoggerConfig", "ModelConfig", "OptimConfig",
     "ReasoningSamplingParams", "RewardConfig", "RolloutConfig", "RolloutModelConfig", "RunnerConfig",
     "SamplingParams", "TrainConfig", "VideoConfig", "check_batch_arithmetic", "check_precision",
     "check_reasoning_batch_arithmetic", "config_from_tree", "config_from_yaml", "config_source", "config_to_dict",
-    "load_config", "max_new_tokens", "read_yaml_tree", "resolve_interpolations", "save_config", "split_overrides",
+    "load_config", "max_new_tokens", "read_yaml_tree", "save_config", "split_overrides",
     "unknown_keys", "validate_config", "validate_reasoning_config",
 ]
