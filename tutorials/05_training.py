@@ -42,7 +42,7 @@
 # - `stages/losses.py`: `compute_ppo_actor_loss`, `compute_ppo_critic_loss`, `huber_loss`, `kl_penalty`.
 # - `stages/train.py`: `update_policy` (epochs → global batches → micro-batches, `loss / accum` before `backward`,
 #   one gradient all-reduce per step), `compute_micro_batch_loss`; `ActorWorker.run_training` calls them.
-# - `rlinf_mini/config.py::check_batch_arithmetic`: the divisibility rules, checked before any process starts.
+# - `rlinf_mini/config/checks.py::check_batch_arithmetic`: the divisibility rules, checked before any process starts.
 
 # %%
 import contextlib
