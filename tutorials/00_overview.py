@@ -6,7 +6,48 @@
 # Jupyter with jupytext installed). Every sentence below that states a fact is checked by an `assert` in the cell
 # after it. The words these tutorials use (env step, chunk step, rollout_epoch, staleness, ...) are defined one line
 # each in [the glossary](glossary.md).
+
+# %% [markdown]
+# ## One step as pseudocode
 #
+# The step this tutorial and the next five take apart, as pseudocode: one block per phase of
+# `EmbodiedRunner.train_step`, in the names the code uses (`||`: the calls run at the same time). README's
+# "One step as pseudocode" holds the same box, and `tests/test_docs.py` checks every name in it against the code.
+#
+# ```text
+# EmbodiedRunner.run(): for global_step in range(runner.max_epochs): train_step()    # rlinf_mini/runner.py
+#
+# 1 sync_weights         update_rollout_weights()              (stage 2; every runner.weight_sync_interval steps)
+#     actor.sync_model_to_rollout(weight_handles, version) || rollout.sync_model_from_actor(version)
+#     # actor rank 0 writes its weights into each rollout rank's shared buffer, stamped version = global_step
+#
+# 2 generate_rollouts    generate_rollouts()                                                               (stage 3)
+#     env.interact(...) || rollout.generate(...) || actor.recv_rollout_trajectories(actor_channel)
+#     # env.train.total_num_envs envs in rollout.pipeline_stage_num stages; for each of the
+#     # env.train.max_steps_per_rollout_epoch / C chunk steps (C = actor.model.num_action_chunks), stage by stage:
+#     #   rollout: policy.predict_action_batch(obs, noise) -> actions [B, C, A], logprobs, values, version
+#     #   env:     sub_envs.chunk_step(actions) -> next obs, rewards [B, C], dones      (while the rollout infers k+1)
+#     # then trajectories [T, B, ...] -> the actor, over its channel
+#
+# 3 cal_adv_and_returns  actor.compute_advantages_and_returns()                                            (stage 4)
+#     calculate_adv_and_returns(): compute_gae_advantages_and_returns(rewards, values, dones)
+#         # GAE with algorithm.gamma and algorithm.gae_lambda: advantages [T, B], returns [T, B]
+#     advantages = safe_normalize(advantages)   # if algorithm.normalize_advantages; statistics over all actor ranks
+#
+# 4 actor_training       actor.run_training()                                                              (stage 5)
+#     update_policy(): for each of algorithm.update_epoch epochs, for each actor.global_batch_size batch:
+#         for each actor.micro_batch_size micro-batch, compute_micro_batch_loss():
+#             logprobs, entropy, values = policy.default_forward(obs, actions)
+#             loss = compute_ppo_actor_loss(logprobs, old_logprobs, advantages, ...)  # algorithm.clip_ratio_low/high
+#                    - algorithm.entropy_bonus * entropy
+#                    + algorithm.value_loss_coef * compute_ppo_critic_loss(values, old_values, returns, ...)
+#             backward, accumulated over the micro-batches
+#         all-reduce the gradients over the actor ranks, clip to actor.optim.clip_grad, one step of actor.optim.lr
+#
+# then every runner.val_check_interval steps evaluate(), every runner.save_interval steps save_checkpoint()
+# ```
+
+# %% [markdown]
 # ## What this stage does, and why RLinf has it
 #
 # RLinf trains a policy with reinforcement learning by splitting the work into **components** — the *env*

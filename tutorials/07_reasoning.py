@@ -4,7 +4,44 @@
 # Run it: `python tutorials/07_reasoning.py` (it warm-starts a tiny GPT-2, takes one step apart, then trains 20 steps;
 # its time on 2 cores is in README's tutorial table, which the tests check). Every stated fact is an `assert` in the
 # cell after it. Words in doubt: the [glossary](glossary.md).
+
+# %% [markdown]
+# ## One step as pseudocode
 #
+# The step this tutorial takes apart, as pseudocode: one block per phase of `ReasoningRunner.step`, in the names
+# the code uses (`||`: the calls run at the same time). README's "One step as pseudocode" holds the same box,
+# and `tests/test_docs.py` checks every name in it against the code.
+#
+# ```text
+# ReasoningRunner.run(): for global_step in range(runner.max_epochs): step()          # rlinf_mini/reasoning_runner.py
+#
+# 1 prepare_data         loader.next_batch(): data.rollout_batch_size prompts onto the dataloader channel,
+#                        in chunks of algorithm.rollout_batch_size_per_gpu prompts
+#
+# 2 sync_weights         update_rollout_weights()                        (every runner.weight_sync_interval steps)
+#     actor.sync_model_to_rollout(weight_handles, version) || rollout.sync_model_from_actor(version)
+#
+# 3 generate_and_train   the three groups at once, chunk by chunk: a chunk is scored while the next is generated
+#     rollout.rollout(...)          generate(model, prompt_ids, ...): algorithm.group_size sampled responses per
+#                                   prompt (KV cache, algorithm.sampling_params.temperature) and their logprobs [N, R]
+#     reward.compute_rewards(...)   math_reward(response, answers): reward.reward_max_val if the answer is right,
+#                                   else reward.reward_min_val
+#     actor.run_training(...)
+#         advantages = compute_grpo_token_advantages(rewards, response_mask, algorithm.group_size)
+#                      # (r - its group's mean) / its group's std, on every response token [N, R]
+#         old_logprobs = compute_response_logprobs(model, ...)          # when algorithm.recompute_logprobs
+#         ref_logprobs = the frozen reference model's                    # when algorithm.kl_beta > 0
+#         for each of algorithm.update_epoch epochs, for each actor.global_batch_size batch, per micro-batch:
+#             loss = compute_ppo_actor_loss(logprobs, old_logprobs, advantages, token_weights(...), ...)
+#                    # aggregated by algorithm.loss_agg_func
+#                    + algorithm.kl_beta * kl_penalty(logprobs, ref_logprobs, algorithm.kl_penalty_type)
+#         all-reduce the gradients, clip to actor.optim.clip_grad, one step of actor.optim.lr
+#
+# then every runner.val_check_interval steps evaluate() (greedy: eval/accuracy), every runner.save_interval steps
+# save_checkpoint()
+# ```
+
+# %% [markdown]
 # ## What this stage does, and why RLinf has it
 #
 # RLinf's other half trains language models on math with a rule-based reward (`runner.task_type: reasoning`,
