@@ -83,7 +83,7 @@ fi
 step gpu_tests 120 env RLINF_MINI_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_gpu.py
 
 # --- 3 one actor rank (configs/embodied_disaggregated.yaml: every component on GPU 0 of 1) --------------------------
-RUNS=/tmp/rlinf_mini_gpu_runs
+RUNS=$(mktemp -d /tmp/rlinf_mini_gpu_runs.XXXXXX)  # its own run folders and model folder, not the checkout's results/
 COMMON=(--runner.val-check-interval -1 --runner.no-val-before-train --runner.no-progress-bar
         --runner.logger.log-path "$RUNS")
 step smoke_explain 60 "$PY" -m rlinf_mini.train --config configs/embodied_disaggregated.yaml --runner.max-epochs 3 \
@@ -93,10 +93,11 @@ step smoke_one_actor_run 90 "$PY" -m rlinf_mini.train --config configs/embodied_
 
 # --- 4 the default config on 1 GPU (two actor ranks share it: gloo), VLA step time, fp32 then bf16 -----------------
 step default_vla_fp32 120 "$PY" -m rlinf_mini.train --config configs/embodied.yaml --runner.max-epochs 4 \
-  "${COMMON[@]}" --runner.logger.experiment-name vla_fp32
+  "${COMMON[@]}" --runner.logger.experiment-name vla_fp32 --actor.model.model-path "$RUNS/tiny_vla"
 step_time "$RUNS/vla_fp32"
 step default_vla_bf16 100 "$PY" -m rlinf_mini.train --config configs/embodied.yaml --runner.max-epochs 4 \
-  "${COMMON[@]}" --runner.logger.experiment-name vla_bf16 --actor.model.precision bf16 --rollout.model.precision bf16
+  "${COMMON[@]}" --runner.logger.experiment-name vla_bf16 --actor.model.precision bf16 --rollout.model.precision bf16 \
+  --actor.model.model-path "$RUNS/tiny_vla"
 step_time "$RUNS/vla_bf16"
 
 # --- 5 weight sync / device copy, pinned vs pageable, channel ------------------------------------------------------

@@ -87,6 +87,8 @@ def started_runner(config: str, *overrides: str):
         cfg = load_config(["--config", config, "--runner.logger.log_path", log_path, "--runner.no-progress-bar",
                            "--runner.log_interval", "1000", "--runner.val_check_interval", "-1",
                            "--runner.save_interval", "-1", *overrides])
+        if cfg.actor.model.model_path:  # the VLA's initial folder: made here, not in the user's results/tiny_vla
+            cfg.actor.model.model_path = str(Path(log_path) / "model")
         plan = RunPlan(cfg, config)
         plan.run_dir.mkdir(parents=True)
         cluster = Cluster(cfg.cluster)
@@ -404,7 +406,9 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench_loop_") as log_path:
         cfg = load_config(["--config", config, "--runner.logger.log_path", log_path])
-        RunPlan(cfg, config)  # creates the VLA's model folder when the config names one that does not exist yet
+        if cfg.actor.model.model_path:  # here, not in the user's results/tiny_vla
+            cfg.actor.model.model_path = str(Path(log_path) / "model")
+        RunPlan(cfg, config)  # creates the VLA's model folder when the config names one
         train, chunks = cfg.env.train, cfg.actor.model.num_action_chunks
         spec = get_env_spec(train)
         n = train.total_num_envs // batches

@@ -56,11 +56,10 @@ def test_execute_on_selects_ranks_for_one_call(echo):
 
 
 def test_calls_on_a_group_return_futures_at_once(echo):
-    start = time.monotonic()
-    fut = echo.sleep(0.5)
-    assert time.monotonic() - start < 0.2
-    assert not fut.done()
-    assert fut.wait() == [0.5, 0.5]
+    echo.info().wait()  # the group is up (its start takes seconds)
+    fut = echo.sleep(1.0)
+    assert not fut.done()  # the call returned before its 1 s on the ranks could end (done() takes any result in)
+    assert fut.wait() == [1.0, 1.0]
 
 
 def test_worker_exception_reaches_driver_with_group_rank_and_traceback(echo):
@@ -118,10 +117,14 @@ def test_a_result_taken_while_checking_the_workers_ends_the_wait_at_once(cluster
         check()
 
     monkeypatch.setattr(cluster, "check_workers", slow_check)
-    start = time.monotonic()
+    waits = []
     for _ in range(10):
+        start = time.monotonic()
         assert echo.sleep(0.01).wait() == [0.01, 0.01]
-    assert time.monotonic() - start < 10 * (0.05 + POLL_S / 2)  # a lost wake-up costs POLL_S each time
+        waits.append(time.monotonic() - start)
+    # a lost wake-up costs POLL_S in every one of these waits; a loaded machine delays some of them, not all: the
+    # quickest shows it
+    assert min(waits) < 0.05 + POLL_S / 2, waits
 
 
 def test_wait_timeout_names_the_call_and_the_ranks(echo):
