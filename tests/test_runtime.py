@@ -154,7 +154,7 @@ def test_channel_get_times_out_with_the_channel_and_key(cluster):
     start = time.monotonic()
     with pytest.raises(ChannelTimeout, match=r"channel 'empty' key 'k': nothing arrived .* expected from Env rank 3"):
         ch.get(key="k", timeout=0.3, expected_from="Env rank 3")
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 20 / 2  # its own 0.3 s ended it, not the cluster's 20 s
 
 
 def test_bounded_channel_blocks_put_until_timeout(cluster):
@@ -200,7 +200,7 @@ def test_worker_death_is_reported_with_group_rank_pid_and_exit_code(cluster):
     start = time.monotonic()
     with pytest.raises(WorkerDiedError, match=rf"Doomed rank 0 \(pid {pid}\) died with exit code 7"):
         doomed.exit_hard(7).wait()
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 20 / 2  # the death ended the wait, not the cluster's 20 s timeout
     doomed.shutdown()  # a dead group is retired; the rest of the cluster carries on
     cluster.groups.remove(doomed)
 
