@@ -224,7 +224,8 @@ def _fill(value, tmp: Path):
     return value.replace("{tmp}", str(tmp)) if isinstance(value, str) else value
 
 
-def test_corpus_of_malformed_input_each_gives_one_clear_line_and_starts_nothing(tmp_path, capsys, monkeypatch):
+def test_corpus_of_malformed_input_each_gives_one_clear_line_and_starts_nothing(tmp_path, capsys, monkeypatch,
+                                                                              in_users_checkout):
     import torch
 
     from rlinf_mini.scheduler import cluster as cluster_module

@@ -171,8 +171,11 @@ assert torch.allclose(recomputed, out["logprobs"], atol=1e-5)
 # 256 held-out sums before and after.
 
 # %%
+import shutil
+
 from rlinf_mini.train import ReasoningRunPlan, build_and_run
 
+shutil.rmtree(RUNS / "07_reasoning", ignore_errors=True)  # a run folder holds one run: start afresh
 plan = ReasoningRunPlan(cfg, "07_reasoning")
 history = build_and_run(cfg, plan)
 accuracy = [h["eval/accuracy"] for h in history if "eval/accuracy" in h]
