@@ -1,9 +1,9 @@
 # %% [markdown]
-# # 06 — The full run: config → cluster → groups → runner, checkpoint, resume, eval, metrics
+# # 06 — The full run: config → cluster → groups → runner, checkpoint, resume, eval, metrics, a worker's failure
 #
-# Run it: `python tutorials/06_full_run.py` (two short training runs; its time on 2 cores is in README's tutorial
-# table, which the tests check). Every stated fact is an `assert` in the cell after it. Words in doubt: the
-# [glossary](glossary.md).
+# Run it: `python tutorials/06_full_run.py` (two short training runs, then two that fail on purpose; its time on
+# 2 cores is in README's tutorial table, which the tests check). Every stated fact is an `assert` in the cell after
+# it. Words in doubt: the [glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
 #
@@ -29,6 +29,8 @@
 #   `find_latest_checkpoint` (what `resume_dir: auto` picks).
 # - `rlinf_mini/utils/metric_logger.py` (`metrics.jsonl`, TensorBoard, the console line; `read_metrics`) and
 #   `rlinf_mini/utils/learning_curve.py::plot_learning_curve`.
+# - `rlinf_mini/scheduler/worker.py`: `GroupFuture.wait` raises `WorkerError` (a worker raised: its traceback) or
+#   `WorkerDiedError` (a worker's process died); `rlinf_mini/scheduler/faults.py` (`RLMINI_FAULT`) fails one on purpose.
 
 # %%
 import json
@@ -199,6 +201,78 @@ b = torch.load(resumed_plan.run_dir / "checkpoints/global_step_10/actor/actor.pt
 assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 assert all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k]))
            for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True) for k in x)
+
+# %% [markdown]
+# ## Run it (4): a worker fails
+#
+# Long runs meet failures: a bug raises in a worker, the OOM killer ends a process, a simulator segfaults. The
+# driver must notice within seconds, say which worker failed (its group and rank) and how, stop every other process,
+# and exit with code 1. `RLMINI_FAULT` (`rlinf_mini/scheduler/faults.py`) makes one worker fail on purpose; every
+# worker reads it when it starts. Two short runs, each through `main` (what `python -m rlinf_mini.train` runs), with
+# what it prints captured:
+#
+# - actor rank 1 raises in its first `run_training()`: the report carries that worker's own traceback;
+# - env rank 0 is killed with SIGKILL in its second `interact()`, while the rollout and the actor wait for its
+#   messages in channel gets: no traceback (the process is gone), its pid and the signal instead.
+#
+# The same from a shell: `RLMINI_FAULT="group=EnvGroup,rank=0,method=interact,call=2,kind=kill9" python -m
+# rlinf_mini.train --config configs/embodied_mlp.yaml`. `docs/troubleshooting.md` lists every such message, its
+# cause and its fix.
+
+# %%
+import contextlib
+import io
+import os
+import re
+import time
+
+from rlinf_mini.scheduler import faults
+from rlinf_mini.train import main
+
+
+def run_with_fault(name: str, fault: str) -> tuple[int, str, float]:
+    """(exit code, what the driver printed, seconds) of a 3-step run in which `fault` fires."""
+    shutil.rmtree(RUNS / name, ignore_errors=True)
+    argv = ["--config", MLP, "--runner.max-epochs", "3", "--runner.val-check-interval", "-1",
+            "--runner.save-interval", "-1", "--runner.no-progress-bar", "--runner.logger.log-path", str(RUNS),
+            "--runner.logger.experiment-name", name, "--runner.logger.logger-backends"]
+    os.environ[faults.ENV_VAR] = fault  # the workers inherit the driver's environment when they start
+    printed = io.StringIO()
+    start = time.monotonic()
+    try:
+        with contextlib.redirect_stderr(printed):
+            code = main(argv)
+    finally:
+        del os.environ[faults.ENV_VAR]
+    return code, printed.getvalue(), time.monotonic() - start
+
+
+code, raised, seconds = run_with_fault("06_raise", "group=ActorGroup,rank=1,method=run_training,call=1,kind=raise")
+print(f"exit code {code} after {seconds:.1f} s; the driver printed:\n{raised}")
+code_killed, killed, seconds_killed = run_with_fault("06_kill9",
+                                                     "group=EnvGroup,rank=0,method=interact,call=2,kind=kill9")
+print(f"exit code {code_killed} after {seconds_killed:.1f} s; the driver printed:\n{killed}")
+
+# %% [markdown]
+# ## What you should see (4)
+#
+# - The raise: exit code 1; the report's first line names the group, the rank and the method (`error: ActorGroup
+#   rank 1 raised in run_training()`), then comes the worker's own traceback, ending in the exception it raised.
+# - The kill: exit code 1 and one line, `error: EnvGroup rank 0 (pid N) died with signal SIGKILL`; the rollout and
+#   the actor, blocked in channel gets for that env's messages, did not wait out their timeout (`cluster.timeout_s`,
+#   120 s here, would have ended in a `ChannelTimeout` naming the env): the driver notices a dead worker within a
+#   poll interval (0.1 s) and stops every other worker before it returns (`tests/test_faults.py` checks that no
+#   process and no /dev/shm segment is left).
+
+# %%
+assert code == 1 and code_killed == 1
+report = raised[raised.index("error: "):].strip().splitlines()  # (console lines of finished steps may come first)
+assert report[0].startswith("error: ActorGroup rank 1 raised in run_training()"), report[0]
+assert report[1] == "Traceback (most recent call last):"
+assert report[-1] == "rlinf_mini.scheduler.faults.FaultInjected: injected fault in run_training() call 1", report
+errors = [line for line in killed.splitlines() if line.startswith("error: ")]
+# the death itself, not the ChannelTimeout naming the env that the rollout and the actor would have met later
+assert len(errors) == 1 and re.fullmatch(r"error: EnvGroup rank 0 \(pid \d+\) died with signal SIGKILL", errors[0])
 
 # %% [markdown]
 # ## Eval gifs, and the default run
