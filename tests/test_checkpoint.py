@@ -138,7 +138,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_last_checkpoint(tmp_path):
            "--runner.logger.log-path", str(tmp_path / "run")]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     run_dir = tmp_path / "run" / "embodied"
-    deadline = time.monotonic() + 180  # a hang guard (~5 s on 2 quiet cores)
+    deadline = time.monotonic() + 180  # a hang guard, not a speed check
     while find_latest_checkpoint(run_dir) is None if (run_dir / "checkpoints").is_dir() else True:
         assert time.monotonic() < deadline and proc.poll() is None, "the run did not reach its first checkpoint"
         time.sleep(0.2)
@@ -147,7 +147,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_last_checkpoint(tmp_path):
     assert len(workers) == 1 + 3
     assert sorted(map(process_name, workers[1:])) == ["ActorGroup:0", "EnvGroup:0", "RolloutGroup:0"]
     proc.send_signal(signal.SIGINT)
-    try:  # it stops within seconds (~1 s quiet); the limit is generous, for a loaded machine
+    try:  # it stops within seconds; the limit is generous, for a loaded machine
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()

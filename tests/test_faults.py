@@ -50,14 +50,16 @@ BASE = dict(  # 3 worker processes (each run spends most of its time starting th
 MARKER_VAR = "RLINF_MINI_TEST_FAULT_RUN"  # inherited by every worker: finds the run's processes in /proc
 BROKEN_ENV = {"env_type": "gymnasium", "max_episode_steps": 8}
 DATA_PARALLEL = {"cluster": {"component_placement": {"env,rollout": "0", "actor": "0-1"}}}  # NaN flags must agree
-HANG_TIMEOUT_S = 15  # the hang cases' cluster.timeout_s: every wait's, the ranks' start too (~5 s at load 4)
+HANG_TIMEOUT_S = 15  # the hang cases' cluster.timeout_s: every wait's, the ranks' start too (8 s was too short
+# for an inline run's init_worker at load average 13)
 # A death or an exception is noticed by the event itself (a rank's pipe closes, its error arrives), not by the 60 s
-# timeout every wait has (BASE): the driver's stop must come in under half of it (~1-3 s on 2 quiet cores).
+# timeout every wait has (BASE): the driver's stop must come in under half of it (6-10 s at load average 15).
 NOTICE_LIMIT_S = BASE["cluster"]["timeout_s"] / 2
 # A hang is reported once HANG_TIMEOUT_S has passed (not before), and within this much more: the rank's timeout fires
-# and the driver stops the others, ~10 s on 2 quiet cores (the inline driver's own timeout is timeout_s + 5 s).
+# and the driver stops the others (3.5-5 s more at load average 15; the inline driver's own timeout is timeout_s +
+# 5 s).
 HANG_REPORT_LIMIT_S = 60
-STOP_LIMIT_S = 30  # SIGTERM / Ctrl-C: the run stops (~1-2 s quiet) instead of training its 1000 epochs
+STOP_LIMIT_S = 30  # SIGTERM / Ctrl-C: the run stops (7 s at load average 15) instead of training 1000 epochs
 RUN_GUARD_S = 240  # a hang guard: a run not ended by then is killed, and its test fails saying so
 pytestmark = pytest.mark.timeout(1200)  # the module fixture's 15 runs count against the first test's limit
 
