@@ -1,14 +1,17 @@
-"""The Ray backend (cluster.backend: ray) on a 2-node Ray cluster on this machine (ray.cluster_utils, one CPU per
-node, shared by the whole session): the same run is bitwise the same on local, ray with 1 node and ray with 2 nodes
-(actor rank 0 on node 0, env and rollout on node 1: the cross-node weight path, and the actor's all-reduce across
-the nodes); a kill -9, an exception, a hang and a failed constructor are reported as on local; channels through the
+"""The Ray backend (cluster.backend: ray) on a 2-node Ray cluster on this machine (ray.cluster_utils, 1 and 2 CPUs and
+one faked GPU per node, shared by the whole session): the same run is bitwise the same on local, ray with 1 node and
+ray with 2 nodes (actor rank 0 on node 0, env and rollout on node 1: the cross-node weight path, and the actor's
+all-reduce across the nodes), and so are the shipped configs' first step; ranks ask Ray for their GPU share, and a
+config that needs more GPUs than the cluster has is one line before any actor starts; a kill -9, an exception, a hang and a failed constructor are reported as on local; channels through the
 queue actor, with pipelined puts (order, bound and timeouts kept; a producer killed with puts in flight hangs no
 consumer). After every test no actor of ours is alive (Ctrl-C: test_ray_ctrl_c.py)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 
 import pytest
@@ -18,35 +21,44 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]'
 import ray  # noqa: E402
 import ray.cluster_utils  # noqa: E402
 import torch  # noqa: E402
+from conftest import ROOT  # noqa: E402
 from test_channel import check_lent_buffer_rules  # noqa: E402
 from test_pipeline import cat_ranks, small_cfg  # noqa: E402
 from toy_workers import BrokenWorker, EchoWorker  # noqa: E402
 
-from rlinf_mini.config import ClusterConfig, ConfigError  # noqa: E402
+from rlinf_mini.config import ClusterConfig, ConfigError, load_config  # noqa: E402
 from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelTimeout  # noqa: E402
 from rlinf_mini.scheduler.cluster import Cluster  # noqa: E402
 from rlinf_mini.scheduler.ray_backend import _import_roots  # noqa: E402
 from rlinf_mini.scheduler.ray_channel import MAX_IN_FLIGHT  # noqa: E402
 from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError  # noqa: E402
-from rlinf_mini.train import RunPlan, launch  # noqa: E402
+from rlinf_mini.train import RunPlan, build_and_run, launch  # noqa: E402
 from stages.placement import ComponentPlacement  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """Two Ray nodes of 1 CPU each on this machine; the tests' runs use this session (the backend leaves a session it
-    did not start alone)."""
-    cluster = ray.cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
-                                                                               "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": _import_roots()}},
-                 logging_level="WARNING")
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    """Two Ray nodes on this machine (1 and 2 CPUs, one faked GPU each); the tests' runs use this session (the backend
+    leaves a session it did not start alone). Its Ray temp folder is its own (RAY_TMPDIR), so the address file that
+    ray.cluster_utils writes there names it to no run outside this session (an empty cluster.ray_address joins the
+    cluster that file names: scheduler/ray_backend.py)."""
+    root = tempfile.mkdtemp(prefix="rlray", dir="/tmp")  # short: Ray's socket paths live under it
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_TMPDIR", root)
+        env.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a raylet with 1 GPU must see (its ranks get the placement's)
+        cluster = ray.cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1,
+                                                                                   "include_dashboard": False})
+        try:
+            cluster.add_node(num_cpus=2, num_gpus=1)  # another CPU share than the head's
+            env.undo()  # RAY_TMPDIR as well: the raylets have it, and ray.init reads the address it is given
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": _import_roots()}},
+                     logging_level="WARNING")
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _alive() -> list[dict]:
@@ -125,6 +137,63 @@ def test_local_ray_and_ray_on_two_nodes_train_bitwise_the_same(ray_cluster, tmp_
         for k, v in local[2][0].items():
             assert torch.equal(v, run[2][0][k]), f"{name}: rollout {k} after sync differs"
             assert torch.equal(v, run[1][0][k]), f"{name}: rollout {k} is not the actor's after sync"
+
+
+def first_step(tmp_path, config: str, *flags: str) -> list[dict]:
+    """The metrics of a shipped config's step 0 (eval) and step 1 (rollout, training, eval), timings left out."""
+    cfg = load_config(["--config", str(ROOT / "configs" / config), "--runner.max-epochs", "1", "--runner.save-interval",
+                       "-1", "--runner.logger.log-path", str(tmp_path), "--runner.logger.experiment-name",
+                       "_".join(f.lstrip("-") for f in flags) or "local", *flags])
+    history = build_and_run(cfg, RunPlan(cfg, config))
+    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+
+
+@pytest.mark.parametrize("config", ["embodied_mlp.yaml", "embodied.yaml"])
+def test_shipped_configs_are_bitwise_the_same_on_local_and_on_one_and_two_ray_nodes(ray_cluster, tmp_path, config):
+    """The shipped placement (env 0, rollout 1, actor 0-1) on 2 devices: one node (a core per device) or two nodes of
+    1 and 2 CPUs (every core of the node per device); a rank's thread count comes from its placement on both (2
+    threads per rank gave eval/return 0.00928457174450159 at step 0 instead of local's 0.00928457360714674)."""
+    local = first_step(tmp_path, config)
+    assert local[0]["step"] == 0 and "eval/return" in local[0] and "train/critic/value_loss" in local[1]
+    runs = {"ray 2 nodes": ("--cluster.backend", "ray", "--cluster.num-nodes", "2")}
+    if config == "embodied_mlp.yaml":  # (one node: the VLA's ranks import transformers for another ~15 s)
+        runs["ray 1 node"] = ("--cluster.backend", "ray")
+    for name, flags in runs.items():
+        assert first_step(tmp_path, config, *flags) == local, name
+
+
+def free_gpus_become(n: float) -> None:
+    """Wait (10 s at most) until Ray reports `n` GPUs free: its resource view follows the actors a moment later."""
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("GPU", 0) != n:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.1)
+
+
+def test_ranks_ask_ray_for_their_gpu_share_and_more_gpus_than_the_cluster_has_is_one_line(ray_cluster, monkeypatch):
+    """GPUs faked: the driver's torch sees 1 (2), each Ray node has 1. Two components collocated on device 0 ask
+    for half of node 0's GPU each; 2 GPUs per node is refused before any actor starts."""
+    from rlinf_mini.scheduler import devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    placement = ComponentPlacement({"actor": "0", "rollout": "0"}, 2)
+    strategies = {c: placement.get_strategy(c) for c in ("actor", "rollout")}
+    plan = devices.device_plan(strategies, 2, 1)
+    c = Cluster(ClusterConfig(backend="ray", num_nodes=2, num_devices=2, timeout_s=20), device_plan=plan)
+    try:
+        groups = [EchoWorker.create_group(None).launch(c, strategies[n], name=n) for n in strategies]
+        infos = [g.info().wait()[0] for g in groups]
+        assert [i["cuda_visible"] for i in infos] == ["0", "0"]  # the placement's GPU, on the first node
+        free_gpus_become(1.0)  # 2 - 0.5 - 0.5: node 1's GPU is left free
+    finally:
+        c.shutdown()
+    free_gpus_become(2.0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"^cluster\.num_devices: the placement needs 2 GPU\(s\) on each of 2 "
+                                          r"node\(s\), but Ray node 0 \(\S+\) of the Ray cluster at \S+ has 1$"):
+        Cluster(ClusterConfig(backend="ray", num_nodes=2, num_devices=4))
+    assert alive_actors() == []
 
 
 def launch_echo(cluster, devices: str, num_devices: int, name: str, cls=EchoWorker):

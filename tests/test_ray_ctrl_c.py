@@ -5,9 +5,11 @@ another xdist worker than test_ray.py (~25 s of the suite's longest file)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -33,7 +35,9 @@ def test_ctrl_c_leaves_no_actor_and_no_ray_process(tmp_path):
                                                                                          "actor": "1"}}}
     path = write_config(tmp_path, **sections)
     marker = uuid.uuid4().hex
-    env = {**os.environ, "RLINF_MINI_TEST_RAY_RUN": marker, "CUDA_VISIBLE_DEVICES": ""}
+    # an empty Ray temp folder: no address file there names a cluster (test_ray.py's, say) for the run to join
+    ray_tmp = tempfile.mkdtemp(prefix="rlray", dir="/tmp")  # short: Ray's socket paths live under it
+    env = {**os.environ, "RLINF_MINI_TEST_RAY_RUN": marker, "CUDA_VISIBLE_DEVICES": "", "RAY_TMPDIR": ray_tmp}
     proc = subprocess.Popen([sys.executable, "-m", "rlinf_mini.train", "--config", str(path)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -51,6 +55,7 @@ def test_ctrl_c_leaves_no_actor_and_no_ray_process(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 130, stderr
     deadline = time.monotonic() + 10
     while _marked(marker) and time.monotonic() < deadline:  # Ray's agents exit a moment after their raylet
