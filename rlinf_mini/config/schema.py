@@ -32,9 +32,10 @@ class ClusterConfig:
     rank a thread of the driver, taking turns, so breakpoint() in a worker method stops there (debugging; slower);
     'ray': a Ray actor per rank, on one machine or a Ray cluster (pip install -e ".[ray]"). RLinf always uses Ray."""
     ray_address: str = ""
-    """rlinf_mini, backend 'ray': '' starts a private Ray instance for the run (stopped at its end); 'auto' or
-    'HOST:PORT' joins a running cluster (started with `ray start` on each machine; README: Backends), which the run
-    leaves running."""
+    """rlinf_mini, backend 'ray': '' is ray.init's own rule: RAY_ADDRESS (what `ray job submit` and KubeRay set), else
+    the cluster that Ray's temp folder names (`ray start --head` here) if it answers, else a private Ray instance for
+    the run (stopped at its end); 'auto' and 'HOST:PORT' as Ray reads them (README: Backends). A joined cluster stays
+    running."""
     component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
     """Component(s) -> devices, in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes' ('0-1:0-3' = 4 processes
     on 2 devices). A key may name several components ('env,rollout,actor')."""
