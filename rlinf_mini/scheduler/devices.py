@@ -134,10 +134,13 @@ def collective_backend(rank_gpus: list[tuple[str, ...]], grad_bytes: int = 0) ->
     return "nccl", "one GPU per rank"
 
 
-def sync_path(actor_gpus: tuple[str, ...], rollout_gpus: tuple[str, ...]) -> str:
+def sync_path(actor_gpus: tuple[str, ...], rollout_gpus: tuple[str, ...], other_node: bool = False) -> str:
     """How actor rank 0's weights reach a rollout rank (stages/sync.py): 'shared buffer' on the CPU (the rollout's
     parameters live in shared memory), 'cuda ipc' on actor rank 0's own GPU (the actor copies device to device into
-    the rollout's parameters), 'pinned host copy' on another GPU (device -> pinned shared buffer -> device)."""
+    the rollout's parameters), 'pinned host copy' on another GPU (device -> pinned shared buffer -> device), and from
+    another node (Ray) through the object store."""
+    if other_node:
+        return "Ray object store (another node)"
     if not actor_gpus or not rollout_gpus:
         return "shared buffer"
     if rollout_gpus[0] == actor_gpus[0]:
@@ -164,6 +167,7 @@ class DevicePlan:
     collective: tuple[str, str]  # the actor group's (backend, why)
     sync: tuple[str, ...]  # path to each rollout rank
     note: str | None  # fewer devices than GPUs
+    num_nodes: int = 1
 
     def rank_devices(self) -> tuple[list[tuple[int, ...]], list[tuple[str, ...]]]:
         """Every rank of every component: (its devices, its GPUs), in the same order."""
@@ -176,6 +180,11 @@ class DevicePlan:
         """The plan's lines for --explain."""
         where = f"{self.num_gpus} GPU(s)" if self.num_gpus else "no GPU: virtual CPU devices"
         lines = [f"devices: {self.num_devices} device(s) on {where}"]
+        if self.num_nodes > 1:
+            d = self.num_devices // self.num_nodes
+            lines.append(f"  nodes: {self.num_nodes} (Ray: the driver's, then by node id): " + ", ".join(
+                f"node {n} devices {n * d}-{n * d + d - 1}" for n in range(self.num_nodes)))
+        lines.append(f"  torch threads per rank: {THREADS_PER_DEVICE} per device it holds, on every node and backend")
         for c in self.components:
             per_rank = ", ".join(f"{r}:{'+'.join(g) if g else 'cpu'}" for r, g in enumerate(c.gpus))
             lines.append(f"  {c.component} ranks -> GPU: {per_rank}")
@@ -187,13 +196,17 @@ class DevicePlan:
 
 
 def device_plan(strategies: dict[str, PlacementStrategy], num_devices: int, num_gpus: int,
-                visible: list[str] | None = None, grad_bytes: int = 0) -> DevicePlan:
+                visible: list[str] | None = None, grad_bytes: int = 0, num_nodes: int = 1) -> DevicePlan:
     """Devices, the actor's collective and the weight-sync path of placed components (the strategies of
     stages/placement.py for `num_devices` devices: "env", "rollout", "actor", or "rollout", "reward", "actor" for
     reasoning) on `num_gpus` GPUs (0 = CPU).
 
     `visible` defaults to GPUs '0'..'num_gpus-1' (what an unset CUDA_VISIBLE_DEVICES means)."""
     visible = [str(i) for i in range(num_gpus)] if visible is None else visible[:num_gpus]
+
+    def node_of(devs: tuple[int, ...]) -> int:
+        return devs[0] // max(1, num_devices // num_nodes)
+
     comps = []
     for name in strategies:
         devs = tuple(p.devices for p in strategies[name].placements)
@@ -203,5 +216,6 @@ def device_plan(strategies: dict[str, PlacementStrategy], num_devices: int, num_
     return DevicePlan(
         num_gpus=num_gpus, num_devices=num_devices, components=tuple(comps),
         collective=collective_backend(list(actor.gpus), grad_bytes),
-        sync=tuple(sync_path(actor.gpus[0], g) for g in rollout.gpus),
-        note=fewer_devices_note(num_devices, visible))
+        sync=tuple(sync_path(actor.gpus[0], g, node_of(d) != node_of(actor.devices[0]))
+                   for g, d in zip(rollout.gpus, rollout.devices, strict=True)),
+        note=fewer_devices_note(num_devices, visible), num_nodes=num_nodes)
