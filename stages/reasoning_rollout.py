@@ -6,6 +6,10 @@
 A chunk is `algorithm.rollout_batch_size_per_gpu` prompts, each repeated `group_size` times (a group's responses are
 consecutive). Prompts are left-padded to the chunk's longest (pad tokens get attention_mask 0 and the position ids
 restart at 0 on the first real token), then one forward pass fills the KV cache and each new token costs one step.
+Three things HF `generate` does not do make it faster (benchmarks/reasoning_generation.py): a group's G copies of a
+prompt share one prefill (its cache rows copied G times, as SGLang / vLLM's prefix cache does), the cache is written
+in place in a buffer allocated once (no per-layer concatenation each token), and a row that emitted <eos> leaves the
+batch, so later steps compute only the rows still generating.
 Result per chunk (N = prompts x G responses): prompt_ids [N, P] (left-padded), prompt_mask [N, P], response_ids
 [N, R] (right-padded after <eos>), response_mask [N, R] (1 up to and including <eos>), logprobs [N, R] under
 softmax(logits / temperature), version, answers, first_sample_id.
@@ -24,11 +28,14 @@ import inspect
 import time
 
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 from rlinf_mini.config import ReasoningSamplingParams, max_new_tokens
 from rlinf_mini.models.tiny_lm import load_causal_lm
 from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
+from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.seeding import counter_uniform
 from stages.reasoning_reward import decode_responses, math_reward
 from stages.sync import WeightBufferHandle, WeightReceiver
@@ -69,47 +76,105 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor, top_k: int, top_p: floa
     return order.gather(-1, pick).squeeze(-1)
 
 
+class _InPlaceLayer(DynamicLayer):
+    """A KV-cache layer whose keys/values live in a buffer allocated once for `capacity` positions: a decode step
+    writes its one slot, where HF's DynamicLayer concatenates the whole cache of every layer anew each step (for
+    SmolLM2 at 64 rows x 50 positions, ~150 MB copied per token). keys / values are views [B, H, length, D]."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            b, h, _, d = key_states.shape
+            self._k = key_states.new_empty(b, h, self.capacity, d)  # [B, H, capacity, D]
+            self._v = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1])
+            self.device, self.is_initialized = key_states.device, True
+        end = self.length + key_states.shape[-2]
+        self._k[:, :, self.length:end] = key_states
+        self._v[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Rows `indices` of the cache (repeats allowed: a shared prompt's rows become its group's)."""
+        if self.is_initialized:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
+
+
+def unique_rows(prompt_ids: list[list[int]]) -> tuple[list[int], torch.Tensor]:
+    """(the first row of each distinct prompt, [N]: each row's index among those): a group's G copies of a prompt
+    are prefilled once and their cache rows copied, as SGLang / vLLM's prefix caching does."""
+    first: dict[tuple[int, ...], int] = {}
+    inverse = [first.setdefault(tuple(p), len(first)) for p in prompt_ids]
+    rows = [0] * len(first)
+    for i, u in reversed(list(enumerate(inverse))):
+        rows[u] = i
+    return rows, torch.tensor(inverse)
+
+
 @torch.no_grad()
 def generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, sampling: ReasoningSamplingParams,
              max_new: int, pad_id: int, eos_id: int, seed: int, greedy: bool = False) -> dict[str, torch.Tensor]:
     """Sample one response per prompt (repeat prompts for groups). sample_ids [N]: each response's global id, the
-    stream of its noise. Stops at <eos> or after max_new tokens; returns the tensors of the module docstring."""
+    stream of its noise. Stops at <eos> or after max_new tokens; returns the tensors of the module docstring.
+
+    Where it differs from HF `generate` for speed: identical prompts are prefilled once (unique_rows), the KV cache
+    is written in place (_InPlaceLayer), and a row that emitted <eos> leaves the batch (its cache rows are dropped),
+    so later steps compute only the rows still generating."""
     device = next(model.parameters()).device
     input_ids, attention_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))  # [N, P]
-    n = input_ids.shape[0]
+    n, width = input_ids.shape
     prompt_mask = attention_mask
     positions = position_ids_of(attention_mask)  # [N, P]
+    firsts, inverse = unique_rows(prompt_ids)  # [U], [N]
+    inverse = inverse.to(device)
     # transformers 5 names the KV cache `cache`; 4.x named it `past_key_values`
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1)
-    cache, logits = out[cache_kw], out.logits[:, -1]  # [N, V]
+    layers = model.config.get_text_config().num_hidden_layers
+    cache = Cache(layers=[_InPlaceLayer(width + max_new) for _ in range(layers)])
+    out = model(input_ids=input_ids[firsts], attention_mask=attention_mask[firsts], position_ids=positions[firsts],
+                use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+    cache, logits = out[cache_kw], out.logits[:, -1][inverse]  # [N, V]
+    if len(firsts) < n:
+        cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
     next_pos = positions[:, -1] + 1  # [N]
-    finished = torch.zeros(n, dtype=torch.bool, device=device)
-    tokens, logprobs, masks = [], [], []
+    rows = torch.arange(n, device=device)  # the rows still generating -> their index in the output
+    tokens = torch.full((n, max_new), pad_id, dtype=torch.long, device=device)  # [N, R]
+    logprobs = torch.zeros((n, max_new), dtype=torch.float32, device=device)
+    masks = torch.zeros((n, max_new), dtype=torch.bool, device=device)
+    steps = 0
     for t in range(max_new):
-        scaled = logits.float() / sampling.temperature
+        steps = t + 1
+        scaled = logits.float() / sampling.temperature  # [A, V], A = rows still generating
         if greedy or not sampling.do_sample:
             token = scaled.argmax(dim=-1)
         else:
-            u = counter_uniform(seed, sample_ids, t, 1)[:, 0].to(device)  # [N]
+            u = counter_uniform(seed, sample_ids[rows.cpu()], t, 1)[:, 0].to(device)  # [A]
             token = sample_tokens(scaled, u, sampling.top_k, sampling.top_p)
-        token = torch.where(finished, torch.full_like(token, pad_id), token)  # [N]
-        logprob = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)  # [N]
-        masks.append(~finished)
-        tokens.append(token)
-        logprobs.append(torch.where(finished, torch.zeros_like(logprob), logprob))
-        finished = finished | (token == eos_id)
-        if bool(finished.all()) or t + 1 == max_new:
+        tokens[rows, t] = token
+        logprobs[rows, t] = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+        masks[rows, t] = True
+        if t + 1 == max_new:
             break
-        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)  # [N, P+t+1]
+        going = token != eos_id  # [A]
+        if not bool(going.all()):
+            if not bool(going.any()):
+                break
+            keep = going.nonzero().squeeze(-1)  # the rows that finished leave the batch and the cache
+            rows, token, next_pos, attention_mask = rows[keep], token[keep], next_pos[keep], attention_mask[keep]
+            cache.batch_select_indices(keep)
+        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)  # [A, P+t+1]
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
                     use_cache=True, **{cache_kw: cache})
         cache, logits = out[cache_kw], out.logits[:, -1]
         next_pos = next_pos + 1
     return {"prompt_ids": input_ids.cpu(), "prompt_mask": prompt_mask.cpu(),
-            "response_ids": torch.stack(tokens, dim=1).cpu(), "response_mask": torch.stack(masks, dim=1).long().cpu(),
-            "logprobs": torch.stack(logprobs, dim=1).float().cpu()}
+            "response_ids": tokens[:, :steps].cpu(), "response_mask": masks[:, :steps].long().cpu(),
+            "logprobs": logprobs[:, :steps].cpu()}
 
 
 class ReasoningRolloutWorker(Worker):
@@ -125,9 +190,10 @@ class ReasoningRolloutWorker(Worker):
         return self.receiver.wait_for_version(version, timeout=self.cfg.cluster.timeout_s)
 
     def _generate(self, prompt_ids: list[list[int]], sample_ids: torch.Tensor, greedy: bool) -> dict:
-        return generate(self.model, prompt_ids, sample_ids, self.cfg.algorithm.sampling_params,
-                        max_new_tokens(self.cfg), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
-                        self.cfg.actor.seed, greedy=greedy)
+        with autocast(self.cfg.rollout.model.precision, self.device):  # bf16 on a GPU when asked
+            return generate(self.model, prompt_ids, sample_ids, self.cfg.algorithm.sampling_params,
+                            max_new_tokens(self.cfg), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
+                            self.cfg.actor.seed, greedy=greedy)
 
     def rollout(self, input_channel: Channel, output_channel: Channel, num_chunks: int) -> dict[str, float]:
         """Generate the chunks of this rank (c = rank, rank + W, ...), one result per chunk to the reward."""
@@ -139,7 +205,8 @@ class ReasoningRolloutWorker(Worker):
             msg = input_channel.get(key=("prompts", c), expected_from="the driver (ReasoningRunner)")
             prompts = [p for p in msg["prompt_ids"] for _ in range(group)]  # each prompt G times, consecutive
             sample_ids = msg["first_sample_id"] + torch.arange(len(prompts))
-            result = self._generate(prompts, sample_ids, greedy=False)
+            with span("generate", stage=c):  # the trace: the reward scores chunk c - 1 meanwhile
+                result = self._generate(prompts, sample_ids, greedy=False)
             result |= {"answers": [a for a in msg["answers"] for _ in range(group)], "chunk": c,
                        "version": self.receiver.version}
             output_channel.put(result, key=("rollout", c))

@@ -1,0 +1,81 @@
+"""The rollout's fast paths against oracles: a group's shared prefill (one prefill per distinct prompt), the in-place
+KV cache and the early stop of finished rows give, row by row, what a plain loop without cache, padding or batch
+gives (tokens, and log-probs to 1e-5). Their speed is benchmarks/reasoning_generation.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ROOT
+
+from rlinf_mini.config import ReasoningSamplingParams, load_config
+from rlinf_mini.models.make_tiny_lm import create_tiny_lm
+from rlinf_mini.models.tiny_lm import load_causal_lm
+from rlinf_mini.utils.seeding import counter_uniform
+from stages.reasoning_rollout import generate, unique_rows
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    """A briefly warm-started tiny GPT-2: it ends some answers with <eos> early and runs on in others."""
+    tmp = tmp_path_factory.mktemp("gen")
+    cfg = load_config(["--config", str(ROOT / "configs/math.yaml"), "--actor.model.model-path", str(tmp / "model"),
+                       "--data.train-data-paths", str(tmp / "train.jsonl"), "--data.val-data-paths",
+                       str(tmp / "val.jsonl"), "--data.arithmetic.num-train", "256", "--data.arithmetic.num-val", "16"])
+    create_tiny_lm(cfg, str(tmp / "model"), sft_steps=150)
+    return load_causal_lm(tmp / "model")
+
+
+def plain_loop(model, prompt: list[int], sample_id: int, seed: int, temperature: float, max_new: int, eos: int):
+    """One prompt, no cache, no padding: the whole sequence re-run for every token; (tokens, log-probs)."""
+    seq, logps = list(prompt), []
+    for t in range(max_new):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([seq])).logits[0, -1] / temperature
+        probs = torch.softmax(logits, -1)
+        u = counter_uniform(seed, torch.tensor([sample_id]), t, 1)[0, 0]
+        token = int(torch.searchsorted(probs.cumsum(-1), u * probs.sum()).clamp(max=len(probs) - 1))
+        logps.append(float(torch.log_softmax(logits, -1)[token]))
+        seq.append(token)
+        if token == eos:
+            break
+    return seq[len(prompt):], logps
+
+
+def test_unique_rows_maps_every_row_to_its_first_copy():
+    rows, inverse = unique_rows([[1, 2], [3], [1, 2], [3], [4, 5, 6], [1, 2]])
+    assert rows == [0, 1, 4] and inverse.tolist() == [0, 1, 0, 1, 2, 0]
+
+
+def test_groups_sharing_a_prefill_and_stopping_early_equal_a_plain_loop_per_row(lm):
+    model, tok = lm
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ["1+2=", "37+45=", "7+80=", "99+99=", "5+5="]]
+    group = 4
+    rows = [p for p in prompts for _ in range(group)]  # as the rollout worker repeats them: a group's rows consecutive
+    ids = torch.arange(len(rows)) + 500
+    max_new = 7
+    out = generate(model, rows, ids, ReasoningSamplingParams(temperature=1.3), max_new, tok.pad_token_id,
+                   tok.eos_token_id, seed=11)
+    lengths = out["response_mask"].sum(1)
+    # the cases this test is about: rows leave the batch at different steps, and some run to max_new
+    assert lengths.min() < lengths.max() == max_new and len(set(lengths.tolist())) >= 3, lengths
+    for i, p in enumerate(rows):
+        tokens, logps = plain_loop(model, p, int(ids[i]), 11, 1.3, max_new, tok.eos_token_id)
+        n = len(tokens)
+        assert out["response_ids"][i, :n].tolist() == tokens and int(lengths[i]) == n
+        assert (out["response_ids"][i, n:] == tok.pad_token_id).all() and (out["logprobs"][i, n:] == 0).all()
+        torch.testing.assert_close(out["logprobs"][i, :n], torch.tensor(logps), atol=1e-5, rtol=0)
+
+
+def test_the_same_rows_alone_or_in_a_group_give_the_same_responses(lm):
+    """A row's response does not depend on whether its prompt's prefill was shared."""
+    model, tok = lm
+    p = tok("12+34=", add_special_tokens=False)["input_ids"]
+    q = tok("8+9=", add_special_tokens=False)["input_ids"]
+    sp, ids = ReasoningSamplingParams(), torch.tensor([7, 8, 9, 10])
+    shared = generate(model, [p, p, q, p], ids, sp, 6, tok.pad_token_id, tok.eos_token_id, seed=2)
+    for i, prompt in enumerate([p, p, q, p]):
+        alone = generate(model, [prompt], ids[i:i + 1], sp, 6, tok.pad_token_id, tok.eos_token_id, seed=2)
+        n = alone["response_ids"].shape[1]
+        assert shared["response_ids"][i, :n].tolist() == alone["response_ids"][0].tolist()
+        torch.testing.assert_close(shared["logprobs"][i, :n], alone["logprobs"][0], atol=1e-5, rtol=0)
