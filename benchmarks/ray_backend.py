@@ -15,18 +15,23 @@ medians (calls) after a warm-up, or, for channels, the median of rounds in which
 (3 in --quick), each row with the spread of its ratio.
 
     python -m benchmarks.ray_backend --channels    # the channel rows alone
+    python -m benchmarks.ray_backend --step --out benchmarks/ray_step.json   # ray / local, the whole embodied step
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import ray
 import torch
 
-from benchmarks.measure import Row, median_call_s, runner_rollout_rate
+from benchmarks.measure import Row, median_call_s, runner_rollout_rate, started_runner
 from rlinf_mini.config import ClusterConfig
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.cluster import Cluster
@@ -181,9 +186,75 @@ def ray_rows(mode: str = "quick", channels_only: bool = False) -> list[Row]:
     return rows
 
 
+STEP_CONFIGS = {"embodied_mlp": "configs/embodied_mlp.yaml", "default VLA": "configs/embodied.yaml"}
+
+
+def step_figures(config: str, steps: int, backend: str) -> dict[str, float]:
+    """One run of `config` on `backend` (the config's placement, one node): medians over `steps` steps after a
+    warm-up step of the whole step's seconds and of the share of it that the env ranks spend in channel gets (waiting
+    for actions) and the rollout ranks (waiting for observations), from the tracer's spans around those gets."""
+    with started_runner(config, "--cluster.backend", backend) as (_, _, runner):
+        runner.init_workers()
+        runner.max_steps = steps + 1
+        history = runner.run()[1:]
+
+    def med(of) -> float:
+        return statistics.median(of(h) for h in history)
+
+    def share(who: str):
+        return lambda h: h[f"time/trace/bubble/{who}_waits"] * h["time/generate_rollouts"] / h["time/step"]
+
+    return {"step_s": med(lambda h: h["time/step"]), "env_gets": med(share("env")),
+            "rollout_gets": med(share("rollout"))}
+
+
+def whole_step_rows(steps: dict[str, int], pairs: int) -> list[Row]:
+    """ray / local for the whole embodied step of each config: `pairs` runs of each backend, local and ray in turn
+    (one Ray session for the ray runs), medians of the pairs' ratios."""
+    from rlinf_mini.scheduler.ray_backend import _import_roots
+
+    measured: dict[str, list[dict]] = {name: [] for name in STEP_CONFIGS}
+    ray.init(address="local", include_dashboard=False, logging_level="WARNING",
+             runtime_env={"env_vars": {"PYTHONPATH": _import_roots()}})
+    try:
+        for _ in range(pairs):
+            for name, config in STEP_CONFIGS.items():
+                local = step_figures(config, steps[name], "local")
+                ours = step_figures(config, steps[name], "ray")
+                measured[name].append({"ours": 1 / ours["step_s"], "baseline": 1 / local["step_s"],
+                                       "ratio": local["step_s"] / ours["step_s"],
+                                       "ray": ours, "local": local, "loadavg": os.getloadavg()})
+    finally:
+        ray.shutdown()
+    rows = []
+    for name, reps in measured.items():
+        def med(backend: str, key: str, reps=reps) -> float:
+            return statistics.median(r[backend][key] for r in reps)
+
+        rows.append(Row.from_reps(
+            f"ray: whole embodied step ({name}), one node, the config's placement", "steps/s", reps,
+            baseline_name="local backend", ratio_of="ray/local", target=">= 0.8",
+            note=f"median of {pairs} runs of each, in turn, x {steps[name]} steps; share of the step in channel gets "
+                 f"(env / rollout ranks): ray {med('ray', 'env_gets'):.0%} / {med('ray', 'rollout_gets'):.0%}, "
+                 f"local {med('local', 'env_gets'):.0%} / {med('local', 'rollout_gets'):.0%}"))
+    return rows
+
+
 if __name__ == "__main__":
     from benchmarks.ray_backend import ray_rows as rows_of  # by module name: ranks import the worker class by it
     from benchmarks.table import format_table
 
     mode = "tiny" if "--tiny" in sys.argv else "quick"
-    print(format_table(rows_of(mode, channels_only="--channels" in sys.argv), markdown="--markdown" in sys.argv))
+    if "--step" in sys.argv:  # the whole-step rows alone, saved as JSON: --step [--out FILE]
+        from benchmarks.ray_backend import whole_step_rows
+
+        out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "results/ray_step.json"
+        start_load = os.getloadavg()
+        rows = whole_step_rows({"embodied_mlp": 1 if mode == "tiny" else 5, "default VLA": 1 if mode == "tiny" else 3},
+                               1 if mode == "tiny" else 3)
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps({"loadavg": {"start": start_load, "end": os.getloadavg()},
+                                         "rows": [dataclasses.asdict(r) for r in rows]}, indent=2))
+        print(format_table(rows, markdown="--markdown" in sys.argv))
+    else:
+        print(format_table(rows_of(mode, channels_only="--channels" in sys.argv), markdown="--markdown" in sys.argv))

@@ -1,7 +1,5 @@
 """The Ray backend's ranks: one Ray actor per rank, on one machine or the nodes of a Ray cluster (RLinf's way).
 
-    cluster.backend: ray    # cluster.ray_address: '' (Ray's own rule), 'auto' or HOST:PORT (as Ray reads them)
-
 - Which Ray: `ray_address()`. '' follows ray.init's rule: RAY_ADDRESS (what `ray job submit` and KubeRay set), else
   the cluster Ray's temp folder names (`ray start --head`), if it answers; else a private instance, stopped at the end.
 - Nodes: node index n (RankSpec.node) is the n-th alive Ray node, the driver's first, then by node id; a config that
@@ -10,8 +8,8 @@
   on that GPU) in Ray's accounting; `start()` sets spec.env (CUDA_VISIBLE_DEVICES, RANK, OMP_*, ...) before torch.
   A group call is one actor call per rank, collected with ray.wait; a never-returning `watch()` call, which Ray fails
   when the actor dies, is how exit_status sees a death (kill -9 included).
-- Collective: MASTER_ADDR/PORT from rank 0's `rendezvous()`, handed to every rank's `start()` as an ObjectRef.
-- Channels: scheduler/ray_channel.py.
+- Collective: MASTER_ADDR/PORT from rank 0's `rendezvous()`, handed to every `start()` as an ObjectRef. Channels:
+  scheduler/ray_channel.py.
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py` (ray.init, node order), `worker/worker_group.py` (one actor
 per rank, node affinity, env vars). Left out: node groups, per-method concurrency. Differs: RLinf asks Ray for no GPU.

@@ -7,13 +7,13 @@
   producer's object store to the consumer's. Smaller items travel as codec bytes inside the actor's calls.
 - A put that knows a slot is free does not wait for the actor's answer (pipelined, `_Outbox`); its turn keeps each
   key FIFO per producer. A get is one round trip. Bound, timeouts and liveness checks are the other backends'.
-- Tensors cross Ray as numpy arrays (`use_numpy_for_tensors`), out of band in the object store.
-- What a message costs, and the designs measured against this one: benchmarks/ray_backend.py (--channels).
-- Weight sync across nodes (stages/sync.py) uses the same queues (`weights_mailbox`).
+- Tensors cross Ray as numpy arrays (`use_numpy_for_tensors`), out of band in the object store. Weight sync across
+  nodes (stages/sync.py) uses the same queues (`weights_mailbox`). Costs: benchmarks/ray_backend.py (--channels).
 
 RLinf counterpart: `rlinf/scheduler/channel/channel.py` + `channel_worker.py` (queues in an actor; RLinf moves the
-payloads by its workers' own send/recv). Left out: a get of several items in one call (it would hand a key's items to
-one consumer ahead of its gets, past the bound).
+payloads by its workers' own send/recv). Left out: a get of several items per call (it hands a key's items to one
+consumer ahead of its gets); the payload pulled from the producer's actor, the queue holding (producer, id) only:
+0.14x of bare ray.put + ray.get at 786 KB against this design's 0.18x, in turn in one run (README: Backends).
 """
 
 from __future__ import annotations
