@@ -42,17 +42,21 @@ class DataConfig:
     dataset_name: str = ""
     """'arithmetic': the entry writes train_data_paths[0] / val_data_paths[0] when missing (rlinf_mini/data)."""
     train_data_paths: list[str] = field(default_factory=list)
-    """JSONL files of training prompts, one object per line with prompt_key and answer_key."""
+    """Training prompt files (.jsonl, .json, .parquet), one object / row each with prompt_key and answer_key
+    (rlinf_mini/data/rows.py; parquet needs the [parquet] extra)."""
     val_data_paths: list[str] = field(default_factory=list)
-    """JSONL files of held-out prompts (greedy exact match, logged as eval/accuracy)."""
+    """Held-out prompt files, as train_data_paths (greedy exact match, logged as eval/accuracy)."""
     prompt_key: str = "prompt"
-    """The JSON key of the prompt text."""
+    """The key of the prompt text (GSM8K's: 'question'); a prompt must be a string (no chat template)."""
     answer_key: str = "solutions"
-    """The JSON key of the reference answer (a string or a list of accepted strings)."""
+    """The key of the reference answer: a string, a number or a list of accepted ones; a '#### 42' (GSM8K's) or
+    '\\boxed{42}' answer keeps what the verifier compares ('42'; GSM8K's key: 'answer')."""
     max_prompt_length: int = 16
-    """Prompt tokens at most (prompts are left-padded to the longest of their batch)."""
+    """Prompt tokens at most, in the model's tokenizer (prompts are left-padded to the longest of their batch)."""
     filter_prompt_by_length: bool = True
-    """Drop prompts longer than max_prompt_length (else they are an error)."""
+    """Drop prompts longer than max_prompt_length (counted in a note at start), else they are an error naming the
+    file and line. rlinf_mini's default is true, RLinf's false: RLinf then truncates such a prompt, cutting off its
+    end (the question); here an over-long prompt is never cut."""
     rollout_batch_size: int = 16
     """Prompts per training step; each gets algorithm.group_size responses."""
     shuffle: bool = True
