@@ -16,6 +16,7 @@ medians (calls) after a warm-up, or, for channels, the median of rounds in which
 
     python -m benchmarks.ray_backend --channels    # the channel rows alone
     python -m benchmarks.ray_backend --step --out benchmarks/ray_step.json   # ray / local, the whole embodied step
+    python -m benchmarks.ray_backend --designs     # 786 KB: ray_channel.py's design vs the payload pulled from the producer
 """
 
 from __future__ import annotations
@@ -186,6 +187,117 @@ def ray_rows(mode: str = "quick", channels_only: bool = False) -> list[Row]:
     return rows
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Two designs of a large message side by side, in bare actors (no rank, no Channel): the one ray_channel.py uses and
+# the one it was measured against (the issue's "payload moved once" shapes); ray.put + ray.get is the baseline.
+
+FRAME_BYTES = 64 * 3 * 64 * 64  # 786 KB, the large row's item
+
+
+@ray.remote(num_cpus=0)
+class _Queue:
+    """One key's bounded queue (maxsize 8), holding what it is given: [ObjectRef] or (producer, id)."""
+
+    def __init__(self):
+        import asyncio
+
+        self.q = asyncio.Queue(8)
+
+    async def put(self, wrapped) -> None:
+        await self.q.put(wrapped)
+
+    async def get(self):
+        return await self.q.get()
+
+
+@ray.remote(num_cpus=0.01, concurrency_groups={"lend": 1})
+class _DesignProducer:
+    def __init__(self):
+        self.lent: dict[int, object] = {}
+        self.me = None
+
+    def set_handle(self, me) -> None:
+        self.me = me
+
+    def put_refs(self, q, n: int) -> None:
+        """ray_channel.py's design: ray.put here (this process owns the object), the queue holds the ObjectRef."""
+        import numpy as np
+
+        item = np.random.randint(0, 255, FRAME_BYTES, dtype=np.uint8)
+        for _ in range(n):
+            ray.get(q.put.remote([ray.put(item)]))
+
+    def put_ids(self, q, n: int) -> None:
+        """The alternative: the item stays here (a copy: the caller may reuse its buffer), the queue holds
+        (this actor, id), and the consumer pulls the item by calling `lend`."""
+        import numpy as np
+
+        item = np.random.randint(0, 255, FRAME_BYTES, dtype=np.uint8)
+        for i in range(n):
+            self.lent[i] = item.copy()
+            ray.get(q.put.remote((self.me, i)))
+
+    @ray.method(concurrency_group="lend")
+    def lend(self, i: int):
+        return self.lent.pop(i)
+
+    def put_bare(self, n: int) -> tuple[float, list]:
+        import numpy as np
+
+        item = np.random.randint(0, 255, FRAME_BYTES, dtype=np.uint8)
+        start = time.perf_counter()
+        refs = [ray.put(item) for _ in range(n)]
+        return time.perf_counter() - start, refs
+
+
+@ray.remote(num_cpus=0.01)
+class _DesignConsumer:
+    def get_refs(self, q, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            ray.get(ray.get(q.get.remote())[0]).copy()  # the copy: a received tensor is the receiver's (ray_channel)
+        return time.perf_counter() - start
+
+    def get_ids(self, q, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            owner, i = ray.get(q.get.remote())
+            ray.get(owner.lend.remote(i)).copy()
+        return time.perf_counter() - start
+
+    def get_bare(self, refs: list) -> float:
+        start = time.perf_counter()
+        for ref in refs[0]:
+            ray.get(ref).copy()
+        return time.perf_counter() - start
+
+
+def design_rows(n: int, reps: int) -> list[Row]:
+    """The 786 KB message through each design, and ray.put + ray.get alone, in turn, `reps` rounds of `n`."""
+    queue, producer, consumer = _Queue.options(max_concurrency=100).remote(), _DesignProducer.remote(), \
+        _DesignConsumer.remote()
+    ray.get(producer.set_handle.remote(producer))
+    measured = []
+    for _ in range(reps):
+        rates = {}
+        for design in ("refs", "ids"):
+            got = getattr(consumer, f"get_{design}").remote(queue, n)
+            ray.get(getattr(producer, f"put_{design}").remote(queue, n))
+            rates[design] = n / ray.get(got)
+        put_s, refs = ray.get(producer.put_bare.remote(n))
+        rates["bare"] = n / (put_s + ray.get(consumer.get_bare.remote([refs])))
+        del refs
+        measured.append({"ours": rates["refs"], "baseline": rates["ids"], "ratio": rates["refs"] / rates["ids"],
+                         "bare": rates["bare"], "loadavg": os.getloadavg()})
+    for actor in (queue, producer, consumer):
+        ray.kill(actor)
+    bare = {k: statistics.median(r[k] / r["bare"] for r in measured) for k in ("ours", "baseline")}
+    return [Row.from_reps("ray: 786 KB message, the producer's ObjectRef through the queue (ray_channel.py)", "msg/s",
+                          measured, baseline_name="the payload pulled from the producer's actor", ratio_of="ours/it",
+                          note=f"median of {reps} rounds x {n}, in turn; of bare ray.put + ray.get: ours "
+                               f"{bare['ours']:.2f}, the pull {bare['baseline']:.2f}")]
+
+
 STEP_CONFIGS = {"embodied_mlp": "configs/embodied_mlp.yaml", "default VLA": "configs/embodied.yaml"}
 
 
@@ -245,7 +357,16 @@ if __name__ == "__main__":
     from benchmarks.table import format_table
 
     mode = "tiny" if "--tiny" in sys.argv else "quick"
-    if "--step" in sys.argv:  # the whole-step rows alone, saved as JSON: --step [--out FILE]
+    if "--designs" in sys.argv:  # the large message in ray_channel.py's design and in the one it was measured against
+        from benchmarks.ray_backend import design_rows
+
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+        try:
+            print(format_table(design_rows(10 if mode == "tiny" else 200, 1 if mode == "tiny" else 5),
+                               markdown="--markdown" in sys.argv))
+        finally:
+            ray.shutdown()
+    elif "--step" in sys.argv:  # the whole-step rows alone, saved as JSON: --step [--out FILE]
         from benchmarks.ray_backend import whole_step_rows
 
         out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "results/ray_step.json"
