@@ -260,13 +260,19 @@ def read_yaml_tree(file: str | Path | None, overrides: list[tuple[str, Any]] = (
     OmegaConf = _omegaconf()
     from omegaconf.errors import OmegaConfBaseException
 
-    cfg, written, part = _create({}), {}, source
+    cfg, written, part = None, {}, source
     try:
         for part, data in order:
             try:
-                cfg.merge_with(_create(data))
+                new = _create(data)
+                if cfg is None:
+                    cfg = new
+                else:
+                    cfg.merge_with(new)
             except OmegaConfBaseException as e:
-                raise _one_line(e, part, data, _clash(OmegaConf.to_container(cfg), data)) from None
+                clash = "" if cfg is None else _clash(OmegaConf.to_container(cfg), data)
+                raise _one_line(e, part, data, clash) from None
+        cfg = _create({}) if cfg is None else cfg
         part = "command line"
         for key, value in overrides:
             try:
@@ -275,12 +281,13 @@ def read_yaml_tree(file: str | Path | None, overrides: list[tuple[str, Any]] = (
                 raise ConfigError(f"command line: {key}: cannot be set there ({e})") from None
         part = source
         written = OmegaConf.to_container(cfg)
-        if not _has_interpolation({k: v for k, v in written.items() if k != "hydra"}):
-            return written
         resolving = {k: v for k, v in written.items() if k != "hydra"}
-        full = _create(_absent(_defaults(), resolving))
-        full.merge_with(_create(resolving))
-        resolved = _only(OmegaConf.to_container(full, resolve=True), resolving)
+        if not _has_interpolation(resolving):
+            return written
+        if "hydra" in cfg:
+            del cfg["hydra"]  # Hydra's own settings (its search path reads ${oc.env:...}) stay as written
+        cfg.merge_with(_absent(_defaults(), resolving))  # only keys the tree lacks: a fallback, never an override
+        resolved = _only(OmegaConf.to_container(cfg, resolve=True), resolving)
     except OmegaConfBaseException as e:
         raise _one_line(e, part, written) from None
     return {k: resolved[k] if k in resolved else v for k, v in written.items()}
