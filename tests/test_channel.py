@@ -17,10 +17,10 @@ from conftest import write_config
 from toy_workers import LENT_BATCH, EchoWorker, batch_pattern
 
 from rlinf_mini.config import ClusterConfig, load_config
-from rlinf_mini.scheduler import codec, local
+from rlinf_mini.scheduler import codec, kernel_queues
 from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelTimeout, LentBufferError
 from rlinf_mini.scheduler.cluster import Cluster
-from rlinf_mini.scheduler.local import ChannelServer, KernelQueues
+from rlinf_mini.scheduler.kernel_queues import ChannelServer, KernelQueues
 from rlinf_mini.scheduler.worker import WorkerDiedError
 from stages.placement import ComponentPlacement
 
@@ -81,7 +81,7 @@ def test_unbounded_qsize_counts_queued_items_and_a_bound_blocks_at_maxsize(clust
 def test_a_large_pickle_of_small_tensors_travels_as_a_blob_exactly(cluster, echo):
     ch = Channel.create("blob", cluster, maxsize=2)
     item = {f"t{i}": torch.randn(100, 50) for i in range(8)}  # 8 x 20 KB, each under SHM_MIN_BYTES: 160 KB pickle
-    assert len(codec.dumps(item)) > local._MSG_MAX
+    assert len(codec.dumps(item)) > kernel_queues._MSG_MAX
     ch.put(item, key="b")
     got = echo.execute_on(1).consume(ch, 1, "b").wait()[0][0]
     assert got.keys() == item.keys() and all(torch.equal(got[k], item[k]) for k in item)
@@ -230,9 +230,9 @@ def test_frames_drawn_in_shared_memory_train_bitwise_the_same_on_local_and_inlin
 
 
 def test_a_wait_spins_only_while_spinning_catches_the_message(monkeypatch):
-    """local.py polls a would-block socket for up to SPIN_S before sleeping in poll(); after SPIN_MISSES spins in a
+    """kernel_queues.py polls a would-block socket for up to SPIN_S before sleeping in poll(); after SPIN_MISSES spins in a
     row that caught nothing it stops spinning, tries once every SPIN_RETRY waits, and resumes when a try catches."""
-    monkeypatch.setattr(local, "_spin", {"misses": 0, "skipped": 0})
+    monkeypatch.setattr(kernel_queues, "_spin", {"misses": 0, "skipped": 0})
     calls = []
 
     def after(n: int):
@@ -243,18 +243,18 @@ def test_a_wait_spins_only_while_spinning_catches_the_message(monkeypatch):
             return arg
         return op
 
-    assert local._spin_for(after(3), b"msg") == b"msg" and len(calls) == 4  # caught within the spin
-    assert calls[0] & local.socket.MSG_DONTWAIT  # never a blocking call
-    for _ in range(local.SPIN_MISSES):  # the other side is slow: spins that catch nothing
+    assert kernel_queues._spin_for(after(3), b"msg") == b"msg" and len(calls) == 4  # caught within the spin
+    assert calls[0] & kernel_queues.socket.MSG_DONTWAIT  # never a blocking call
+    for _ in range(kernel_queues.SPIN_MISSES):  # the other side is slow: spins that catch nothing
         calls.clear()
         start = time.perf_counter()
         with pytest.raises(BlockingIOError):
-            local._spin_for(after(10**9), b"msg")
-        assert calls and time.perf_counter() - start >= local.SPIN_S  # it polled for the whole spin
+            kernel_queues._spin_for(after(10**9), b"msg")
+        assert calls and time.perf_counter() - start >= kernel_queues.SPIN_S  # it polled for the whole spin
     calls.clear()
-    for _ in range(local.SPIN_RETRY - 1):  # no more spinning: straight to poll()
+    for _ in range(kernel_queues.SPIN_RETRY - 1):  # no more spinning: straight to poll()
         with pytest.raises(BlockingIOError):
-            local._spin_for(after(0), b"msg")
+            kernel_queues._spin_for(after(0), b"msg")
     assert calls == []
-    assert local._spin_for(after(0), b"msg") == b"msg"  # the SPIN_RETRY-th wait tries, and catches...
-    assert local._spin == {"misses": 0, "skipped": 0}  # ...so the next waits spin again
+    assert kernel_queues._spin_for(after(0), b"msg") == b"msg"  # the SPIN_RETRY-th wait tries, and catches...
+    assert kernel_queues._spin == {"misses": 0, "skipped": 0}  # ...so the next waits spin again

@@ -1,5 +1,5 @@
 """The runtime (RLinf: `rlinf/scheduler/`): it starts ranks on devices, runs group calls and moves data; it knows
-nothing about RL and imports only itself and `rlinf_mini/config.py`.
+nothing about RL and imports only itself and `rlinf_mini/config/`.
 
     cluster.py     Cluster: devices (GPUs or CPU shares) and nodes; picks the backend (cluster.backend)
     placement.py   ProcessPlacement, PlacementStrategy, PlacementMode: what stages/placement.py produces
