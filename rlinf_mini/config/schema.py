@@ -33,7 +33,7 @@ class ClusterConfig:
     'ray': a Ray actor per rank, on one machine or a Ray cluster (pip install -e ".[ray]"). RLinf always uses Ray."""
     ray_address: str = ""
     """rlinf_mini, backend 'ray': '' is ray.init's own rule: RAY_ADDRESS (what `ray job submit` and KubeRay set), else
-    the cluster that Ray's temp folder names (`ray start --head` here) if it answers, else a private Ray instance for
+    the cluster that Ray's temp folder names (a `ray start` head here) if it answers, else a private Ray instance for
     the run (stopped at its end); 'auto' and 'HOST:PORT' as Ray reads them (README: Backends). A joined cluster stays
     running."""
     component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
