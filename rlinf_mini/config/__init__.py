@@ -2,15 +2,16 @@
 
     cfg = load_config(["--config", "configs/embodied.yaml", "--actor.optim.lr", "1e-3"])
 
-Precedence: dataclass defaults < YAML file < command line. The YAML is read strictly (an unknown key or a wrong type
-is a `ConfigError` naming the key path and the file); tyro then applies command-line overrides on top, so `--help`
-documents every key from the docstrings below. `check_batch_arithmetic` rejects batch sizes that cannot be split over
-the ranks, before any worker starts. Keys are RLinf's where RLinf has the concept (see shared/reference/rlinf-map.md,
+Precedence: dataclass defaults < YAML file (with its `defaults:` list) < `key=value` < `--key value`. The YAML is read
+strictly and composed by OmegaConf as Hydra does for RLinf (interpolation, RLinf's resolvers); an unknown key or a wrong
+type is a `ConfigError` naming the key path and the file; tyro then applies `--key value` on top, so `--help` documents
+every key from the schema's docstrings. `check_batch_arithmetic` rejects batch sizes that cannot be split over the
+ranks, before any worker starts. Keys are RLinf's where RLinf has the concept (see shared/reference/rlinf-map.md,
 section 11); the few of ours are marked "rlinf_mini:".
 
-Files, one role each: schema.py (the sections, in RLinf's YAML order; the env section in schema_embodied.py, data
-and reward in schema_reasoning.py), yaml_tree.py (the YAML file into a plain tree), load.py (the tree and the command
-line into a TrainConfig), checks.py (the values and the batch arithmetic, before any worker starts).
+Files, one role each: schema.py (the sections, in RLinf's YAML order; the env section in schema_embodied.py, data and
+reward in schema_reasoning.py), yaml_tree.py (the YAML files into one plain tree, through OmegaConf), load.py (the tree
+and the command line into a TrainConfig), checks.py (the values and the batch arithmetic, before any worker starts).
 """
 
 from rlinf_mini.config.checks import (
