@@ -56,6 +56,16 @@ def test_an_empty_ray_address_follows_ray_init_and_passes_over_a_dead_clusters_f
                                            f"cluster answers: a private Ray instance")
 
 
+def test_an_address_where_no_cluster_answers_is_one_line(tmp_path):
+    """(ray.init would retry it for minutes.)"""
+    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{_free_port()}", "RAY_TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "rlinf_mini.train", "--config", str(write_config(
+        tmp_path, **SMALL)), "--cluster.backend", "ray"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"error: RAY_ADDRESS: no Ray cluster answers at {env['RAY_ADDRESS']}"), done.stderr
+
+
 @pytest.fixture(scope="module")
 def outside_cluster():
     """`ray start --head --block` in a process group of its own, with its own temp folder (Ray's temp folder of the

@@ -98,6 +98,9 @@ class RayBackend(Backend):
             if address == "local":
                 ray.init(address="local", include_dashboard=False, object_store_memory=1 << 30, **common)
             else:  # a running cluster: ray.shutdown() only disconnects from it
+                if ":" in address and "://" not in address and not _answers(address):  # Ray retries for minutes
+                    named = "cluster.ray_address" if cfg.ray_address else "RAY_ADDRESS"
+                    raise ConfigError(f"{named}: no Ray cluster answers at {address}")
                 ray.init(address=address, **common)
             self._joined = True
         try:
