@@ -240,9 +240,7 @@ def worker_main(spec: RankSpec, env: dict[str, str], cmd_pipe: Connection, resul
 
     rank = spec.rank
     try:
-        if spec.cores:
-            torch.set_num_threads(len(spec.cores))
-        device = torch.device("cuda:0" if spec.gpus else "cpu")
+        device = torch.device("cuda:0" if spec.gpus else "cpu")  # (build_worker sets the placement's thread count)
         worker = build_worker(spec, device, lambda timeout_s: TorchDistCollective(rank, spec.world_size, device,
                                                                                   timeout_s))
         worker._cuda_before_pinning = cuda_before_pinning
