@@ -16,7 +16,7 @@ medians (calls) after a warm-up, or, for channels, the median of rounds in which
 
     python -m benchmarks.ray_backend --channels    # the channel rows alone
     python -m benchmarks.ray_backend --step --out benchmarks/ray_step.json   # ray / local, the whole embodied step
-    python -m benchmarks.ray_backend --designs     # 786 KB: ray_channel.py's design vs the payload pulled from the producer
+    python -m benchmarks.ray_backend --designs     # 786 KB: ray_channel.py's design vs a pull from the producer
 """
 
 from __future__ import annotations

@@ -74,8 +74,9 @@ def outside_cluster():
     marker = uuid.uuid4().hex
     port = _free_port()
     env = {**os.environ, MARK: marker, "RAY_TMPDIR": root, **NO_TOKEN}
-    head = subprocess.Popen([shutil.which("ray") or "ray", "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
-                             "--temp-dir", f"{root}/ray", "--include-dashboard", "false", "--disable-usage-stats"],
+    head = subprocess.Popen([shutil.which("ray") or "ray", "start", "--head", "--block", "--port", str(port),
+                             "--num-cpus", "2", "--temp-dir", f"{root}/ray", "--include-dashboard", "false",
+                             "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
