@@ -8,6 +8,9 @@ One step (RLinf's timer names):
                      and the actor trains once it holds its share
 then, every val_check_interval steps, greedy exact match on the held-out prompts (eval/accuracy), and every
 save_interval steps an atomic checkpoint (actor weights and optimizer, the loader's position, the step).
+With runner.trace, every worker records its spans (rollout: generate per chunk, reward: score per chunk, actor:
+logprobs and update; channel waits): trace.json and timeline.png of the first TRACE_FILE_STEPS steps, and
+time/trace/{busy,idle}/<component> per step (scheduler/tracer.py).
 
 RLinf counterpart: `rlinf/runners/reasoning_runner.py::ReasoningRunner` (_put_batch, _sync_weights, run,
 _save_checkpoint) and `examples/reasoning/main_grpo.py`. Left out: critic, actor-inference groups, dynamic scheduler.
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from rlinf_mini.config import TrainConfig
 from rlinf_mini.data.prompt_dataset import PromptDataset, PromptLoader
+from rlinf_mini.scheduler import tracer
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.worker import WorkerGroup
 from rlinf_mini.utils.metric_logger import MetricLogger
@@ -49,11 +53,13 @@ class ReasoningRunner:
         self.max_steps = cfg.runner.num_steps
         self.timings: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
+        self.trace_spans: list[tracer.Span] = []  # the first TRACE_FILE_STEPS steps, for trace.json
 
     @contextlib.contextmanager
     def timer(self, name: str):
         start = time.monotonic()
-        yield
+        with tracer.span(name):
+            yield
         self.timings[f"time/{name}"] = time.monotonic() - start
 
     def init_workers(self) -> None:
@@ -62,6 +68,10 @@ class ReasoningRunner:
         self.weight_handles = rollout_init.wait()
         reward_init.wait()
         self.actor.init_worker().wait()
+        if self.cfg.runner.trace:
+            tracer.enable()
+            for group in (self.rollout, self.reward, self.actor):
+                group.trace_enable().wait()
         resume = self.cfg.runner.resume_dir
         if resume == "auto":
             folders = [p for p in (self.run_dir / "checkpoints").glob("global_step_*") if p.is_dir()]
@@ -131,6 +141,10 @@ class ReasoningRunner:
                 self.timings = {}
                 metrics = self.step()
                 self.global_step += 1
+                if cfg.trace:
+                    metrics |= self.gather_trace()
+                    if self.global_step == self.TRACE_FILE_STEPS:
+                        self.write_trace()
                 if self._due(cfg.val_check_interval):
                     with self.timer("eval"):
                         self.update_rollout_weights()
@@ -139,10 +153,36 @@ class ReasoningRunner:
                 if self._due(cfg.save_interval):
                     self.save_checkpoint()
                 self._log(metrics, step=self.global_step)
+            if self.trace_spans and self.global_step < self.TRACE_FILE_STEPS:
+                self.write_trace()
         finally:
             self.logger.close()
         plot_reasoning_curve(self.history, self.run_dir / "learning_curve.png")
         return self.history
+
+    # --- timeline ------------------------------------------------------------------------------------------------
+
+    TRACE_FILE_STEPS = 20  # as the embodied runner: trace.json keeps the first steps only
+
+    def gather_trace(self) -> dict[str, float]:
+        """Collect every worker's spans of the step that just ended; returns its time/trace/* metrics."""
+        futures = [group.trace_drain() for group in (self.rollout, self.reward, self.actor)]
+        spans = tracer.drain() + [s for f in futures for per_rank in f.wait() for s in per_rank]
+        step = max((s for s in spans if s[0] == "driver" and s[2] == "step"), key=lambda s: s[4], default=None)
+        if step is None:
+            return {}
+        if self.global_step <= self.TRACE_FILE_STEPS:
+            self.trace_spans += spans
+            self.last_step_window, self.last_traced_step = (step[4], step[5]), self.global_step
+        return tracer.step_metrics(spans, step[4], step[5])
+
+    def write_trace(self) -> None:
+        """trace.json (every traced step) and timeline.png (the last traced step) into the run folder."""
+        tracer.write_chrome_trace(self.trace_spans, self.run_dir / "trace.json")
+        t0, t1 = self.last_step_window
+        last = [s for s in self.trace_spans if s[5] > t0 and s[4] < t1]
+        tracer.write_timeline_png(last, self.run_dir / "timeline.png", step=self.last_traced_step,
+                                  title="rlinf_mini reasoning: rollout || reward || actor, chunk by chunk")
 
     def _due(self, interval: int) -> bool:
         return interval > 0 and (self.global_step % interval == 0 or self.global_step == self.max_steps)

@@ -26,6 +26,7 @@ from fractions import Fraction
 import torch
 
 from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
 
 MAX_DIGITS = 200
@@ -132,9 +133,10 @@ class ReasoningRewardWorker(Worker):
         for c in range(self._rank, num_chunks, self._world_size):
             producer = f"{self.cfg.rollout.group_name} rank {c % self.rollout_world_size}"
             result = input_channel.get(key=("rollout", c), expected_from=producer)
-            texts = decode_responses(self.tokenizer, result["response_ids"], result["response_mask"])
-            scores = [math_reward(t, refs, r.reward_max_val, r.reward_min_val) for t, refs in
-                      zip(texts, result["answers"], strict=True)]
+            with span("score", stage=c):  # the trace shows it beside the rollout's generate of chunk c + 1
+                texts = decode_responses(self.tokenizer, result["response_ids"], result["response_mask"])
+                scores = [math_reward(t, refs, r.reward_max_val, r.reward_min_val) for t, refs in
+                          zip(texts, result["answers"], strict=True)]
             result["rewards"] = torch.tensor(scores, dtype=torch.float32) * r.reward_scale  # [N]
             output_channel.put(result, key=("reward", c))
             total += sum(scores) * r.reward_scale

@@ -26,7 +26,9 @@ import torch
 
 from rlinf_mini.models.tiny_lm import load_causal_lm
 from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
+from rlinf_mini.utils.precision import autocast
 from stages.losses import kl_penalty
 from stages.reasoning_rollout import position_ids_of
 from stages.sync import WeightBufferHandle, WeightSender
@@ -98,7 +100,8 @@ class ReasoningActorWorker(Worker):
             self.init_collective(self.cfg.cluster.timeout_s)
         self.model, self.tokenizer = load_causal_lm(self.cfg.actor.model.model_path)
         self.model.to(self.device)
-        self.ref_model = copy.deepcopy(self.model).eval() if self.cfg.algorithm.kl_beta > 0 else None
+        self.ref_model = (copy.deepcopy(self.model).eval().requires_grad_(False)
+                          if self.cfg.algorithm.kl_beta > 0 else None)  # frozen: never a grad, never a step
         o = self.cfg.actor.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
                                            eps=o.adam_eps, weight_decay=o.weight_decay)
@@ -113,8 +116,10 @@ class ReasoningActorWorker(Worker):
         return {"sync/bytes": float(nbytes), "sync/seconds": time.monotonic() - start}
 
     def _logprobs(self, model, b: dict, idx: torch.Tensor) -> torch.Tensor:
-        return compute_response_logprobs(model, b["prompt_ids"][idx], b["prompt_mask"][idx], b["response_ids"][idx],
-                                         b["response_mask"][idx], self.cfg.algorithm.sampling_params.temperature)
+        with autocast(self.cfg.actor.model.precision, self.device):  # bf16 on a GPU when asked (fp32 masters)
+            return compute_response_logprobs(model, b["prompt_ids"][idx], b["prompt_mask"][idx],
+                                             b["response_ids"][idx], b["response_mask"][idx],
+                                             self.cfg.algorithm.sampling_params.temperature)
 
     def run_training(self, input_channel: Channel, num_chunks: int, global_step: int,
                      reward_world_size: int) -> dict[str, float]:
@@ -135,7 +140,7 @@ class ReasoningActorWorker(Worker):
         n = len(b["rewards"])
         everything = torch.arange(n)
         self.model.eval()
-        with torch.no_grad():  # old (and reference) log-probs, in micro-batches
+        with torch.no_grad(), span("logprobs"):  # old (and reference) log-probs, in micro-batches
             mbs = cfg.micro_batch_size
             if algo.recompute_logprobs:
                 b["logprobs"] = torch.cat([self._logprobs(self.model, b, everything[i:i + mbs])
@@ -156,8 +161,9 @@ class ReasoningActorWorker(Worker):
                 self.optimizer.zero_grad(set_to_none=True)
                 for m in range(accum):
                     idx = perm[s + m * cfg.micro_batch_size: s + (m + 1) * cfg.micro_batch_size]
-                    loss, metrics = self._micro_batch_loss(b, idx)
-                    (loss / accum).backward()
+                    with span("forward_backward"):
+                        loss, metrics = self._micro_batch_loss(b, idx)
+                        (loss / accum).backward()
                     for k, v in metrics.items():
                         totals[k] = totals.get(k, 0.0) + float(v)
                     count += 1
@@ -165,7 +171,8 @@ class ReasoningActorWorker(Worker):
                 if cfg.optim.clip_grad > 0:
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad)
                     totals["actor/grad_norm"] = totals.get("actor/grad_norm", 0.0) + float(grad_norm) * accum
-                self.optimizer.step()
+                with span("optimizer_step"):
+                    self.optimizer.step()
         self.model.eval()
         sums = self.all_reduce(torch.tensor([float(b["rewards"].sum()), float(n), float(mask.sum())],
                                             device=self.device))
@@ -194,7 +201,8 @@ class ReasoningActorWorker(Worker):
             kl = kl_penalty(logprobs, b["ref_logprobs"][idx], algo.kl_penalty_type)  # [n, R]
             kl_loss = (kl * w).sum() / w.sum().clamp(min=1e-8) * scale
             loss = loss + algo.kl_beta * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.detach()
+            metrics["actor/kl_loss"] = kl_loss.detach()  # RLinf's name (train/actor/kl_loss in metrics.jsonl)
+            metrics["kl"] = kl_loss.detach()  # train/kl: TRL's and veRL's users look for this one
         return loss, metrics
 
     def _average_gradients(self) -> None:

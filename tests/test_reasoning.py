@@ -4,7 +4,9 @@ whole runs: 1 vs 2 rollout ranks and resume vs straight, bitwise."""
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 
 import pytest
 import torch
@@ -13,15 +15,18 @@ from conftest import ROOT, write_config
 from rlinf_mini.config import ReasoningSamplingParams, load_config
 from rlinf_mini.data.arithmetic import write_arithmetic_jsonl
 from rlinf_mini.data.prompt_dataset import PromptDataset, PromptLoader
-from rlinf_mini.models.make_tiny_lm import create_tiny_lm
+from rlinf_mini.models.make_tiny_lm import create_tiny_lm, warm_start_examples
 from rlinf_mini.models.tiny_lm import load_causal_lm
 from rlinf_mini.train import ReasoningRunPlan, build_and_run, main
+from stages.losses import KL_PENALTY_TYPES
 from stages.reasoning_rollout import generate, sample_tokens
 from stages.reasoning_train import (
+    ReasoningActorWorker,
     agg_scale,
     compute_grpo_token_advantages,
     compute_response_logprobs,
     kl_penalty,
+    stack_chunks,
     token_weights,
 )
 
@@ -165,13 +170,90 @@ def test_grpo_token_advantages_and_loss_aggregation_against_loops():
     assert torch.equal(kl_penalty(lp, lp, "low_var_kl"), torch.zeros(20))
 
 
+# fixed log-probs (policy, reference) and RLinf's kl_penalty (rlinf/algorithms/utils.py) worked out by hand:
+# d = logp - ref; kl/k1: d; abs: |d|; mse/k2: d^2 / 2; low_var_kl/k3: e^-d + d - 1 with -d clamped to [-20, 20] and
+# the result to [-10, 10]. The last two pairs hit the clamps: -d = 30 -> e^20 - 21 -> 10; -d = -30 -> e^-20 + 19 -> 10
+KL_LOGP = [-1.0, -0.5, -2.0, -0.1, -30.0, 0.0]
+KL_REF = [-1.5, -0.5, -0.2, -2.3, 0.0, -30.0]
+KL_EXPECTED = {
+    "kl": [0.5, 0.0, -1.8, 2.2, -30.0, 30.0],
+    "abs": [0.5, 0.0, 1.8, 2.2, 30.0, 30.0],
+    "mse": [0.125, 0.0, 1.62, 2.42, 450.0, 450.0],
+    "low_var_kl": [math.exp(-0.5) + 0.5 - 1, 0.0, math.exp(1.8) - 1.8 - 1, math.exp(-2.2) + 2.2 - 1, 10.0, 10.0],
+}
+KL_EXPECTED |= {"k1": KL_EXPECTED["kl"], "k2": KL_EXPECTED["mse"], "k3": KL_EXPECTED["low_var_kl"]}
+
+
+@pytest.mark.parametrize("kl_type", KL_PENALTY_TYPES)
+def test_kl_penalty_equals_rlinfs_formula_for_each_type(kl_type):
+    got = kl_penalty(torch.tensor(KL_LOGP), torch.tensor(KL_REF), kl_type)
+    torch.testing.assert_close(got, torch.tensor(KL_EXPECTED[kl_type]), atol=1e-5, rtol=1e-5)
+    same = torch.tensor(KL_LOGP[:4])
+    assert torch.equal(kl_penalty(same, same, kl_type), torch.zeros(4))  # no drift, no penalty
+
+
+class _RewardChunks:
+    """Stands in for the reward channel of one step: run_training's get(key=("reward", c)) is chunk c."""
+
+    def __init__(self, chunks: list[dict]):
+        self.chunks = chunks
+
+    def get(self, key, expected_from=""):
+        return self.chunks[key[1]]
+
+
+def test_the_reference_model_is_frozen_and_train_kl_is_its_distance(tiny):
+    """Three training steps with kl_beta > 0 on one in-process actor rank: the reference never gets a gradient nor
+    changes, the policy does, and train/kl (= RLinf's actor/kl_loss) is low_var_kl(policy, reference) averaged over
+    the response tokens, recomputed here from the two models."""
+    tmp, _, _, tok = tiny
+    cfg = load_config(small_argv(tmp, str(tmp / "model"), "--algorithm.kl-beta", "0.1", "--actor.optim.lr", "0.003",
+                                 "--data.rollout-batch-size", "8", "--actor.global-batch-size", "64",
+                                 "--actor.micro-batch-size", "64"))
+    actor = ReasoningActorWorker.__new__(ReasoningActorWorker)
+    actor._rank, actor._world_size, actor._group_name, actor.device = 0, 1, "ActorGroup", torch.device("cpu")
+    actor.__init__(cfg)
+    actor.init_worker()
+    ref_start = {k: v.clone() for k, v in actor.ref_model.state_dict().items()}
+    policy_start = {k: v.clone() for k, v in actor.model.state_dict().items()}
+    G, gen = cfg.algorithm.group_size, torch.Generator().manual_seed(0)
+    try:
+        for step in range(3):
+            chunks = []
+            for c in range(2):  # 2 chunks of 4 prompts x G responses
+                prompts = [p for p in ids_of(tok, PROMPTS[c:c + 4]) for _ in range(G)]
+                out = generate(actor.model, prompts, torch.arange(len(prompts)) + 1000 * step + 100 * c,
+                               cfg.algorithm.sampling_params, 4, tok.pad_token_id, tok.eos_token_id, seed=5)
+                rewards = torch.randint(0, 2, (len(prompts),), generator=gen).float() * 2 - 1
+                chunks.append(out | {"rewards": rewards, "version": step})
+            step_start = copy.deepcopy(actor.model)  # one optimizer step per training step: its loss saw these
+            metrics = actor.run_training(_RewardChunks(chunks), 2, step, 1)
+            assert all(not p.requires_grad and p.grad is None for p in actor.ref_model.parameters())
+            assert all(torch.equal(v, ref_start[k]) for k, v in actor.ref_model.state_dict().items())
+        assert not all(torch.equal(v, policy_start[k]) for k, v in actor.model.state_dict().items())
+        b = stack_chunks(chunks, tok.pad_token_id)
+        args = (b["prompt_ids"], b["prompt_mask"], b["response_ids"], b["response_mask"], 1.0)
+        with torch.no_grad():
+            d = compute_response_logprobs(step_start, *args) - compute_response_logprobs(actor.ref_model, *args)
+        mask = b["response_mask"].float()
+        want = ((torch.exp(-d) + d - 1).clamp(max=10) * mask).sum() / mask.sum()  # low_var_kl, token-mean
+        assert metrics["train/kl"] == metrics["train/actor/kl_loss"] > 0
+        assert abs(metrics["train/kl"] - float(want)) < 1e-5
+    finally:
+        actor.close()
+
+
 def test_arithmetic_files_and_a_resumable_loader(tmp_path):
     cfg = load_config(small_argv(tmp_path, str(tmp_path / "m")))
     write_arithmetic_jsonl(cfg.data, tmp_path / "train.jsonl", tmp_path / "val.jsonl")
     train = [json.loads(ln) for ln in (tmp_path / "train.jsonl").read_text().splitlines()]
     val = [json.loads(ln) for ln in (tmp_path / "val.jsonl").read_text().splitlines()]
     assert len(train) == 512 and len(val) == 32
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}
+    held_out = {r["prompt"] for r in val}
+    swapped = {"+".join(reversed(p[:-1].split("+"))) + "=" for p in held_out}  # 37+45= -> 45+37=
+    warm_prompts, warm_answers = warm_start_examples(cfg)  # what the supervised warm start reads, all of it
+    assert len(warm_prompts) == 512 and not set(warm_prompts) & (held_out | swapped)
+    assert warm_answers[0] == train[0]["solutions"][0]
     a, b = map(int, train[0]["prompt"][:-1].split("+"))
     assert train[0]["solutions"] == [str(a + b)]
     loader = PromptLoader(100, 16, shuffle=True, seed=3)

@@ -2,7 +2,8 @@
 
     write_arithmetic_jsonl(cfg.data, train_path, val_path)     # {"prompt": "37+45=", "solutions": ["82"]} per line
 
-Train and held-out problems are disjoint (no (a, b) pair appears in both), drawn from `data.arithmetic.seed`.
+Train and held-out problems are disjoint, a + b and b + a counting as one problem (a held-out 37+45 has no 45+37 in
+the train file either), drawn from `data.arithmetic.seed`.
 The entry writes the files when `data.dataset_name: arithmetic` and they are missing; any other JSONL with the
 configured prompt_key / answer_key works the same.
 """
@@ -43,11 +44,20 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 def write_arithmetic_jsonl(data: DataConfig, train_path: str | Path, val_path: str | Path) -> None:
     """Write num_train train and num_val held-out problems (disjoint) with data.prompt_key / data.answer_key."""
     a = data.arithmetic
-    pairs = arithmetic_problems(a.max_operand, a.num_train + a.num_val + a.few_shot, a.seed)
-    shots = pairs[a.num_train + a.num_val:]  # the same solved examples in every prompt, in no split
-    rows = []
-    for x, y in pairs[: a.num_train + a.num_val]:
-        prompt, answer = format_problem(x, y, shots)
-        rows.append({data.prompt_key: prompt, data.answer_key: [answer]})
-    _write_jsonl(Path(val_path), rows[: a.num_val])
-    _write_jsonl(Path(train_path), rows[a.num_val :])
+    total = a.num_train + a.num_val + a.few_shot
+    # each held-out pair bars at most one other (its swap): twice the pairs asked for always suffice
+    space = (a.max_operand + 1) ** 2
+    drawn = arithmetic_problems(a.max_operand, min(space, 2 * total), a.seed)
+    held_out = drawn[: a.num_val]
+    barred = {(min(x, y), max(x, y)) for x, y in held_out}
+    rest = [(x, y) for x, y in drawn[a.num_val:] if (min(x, y), max(x, y)) not in barred]
+    if len(rest) < a.num_train + a.few_shot:
+        raise ValueError(f"data.arithmetic: {a.num_train} train + {a.few_shot} shots + {a.num_val} held-out problems "
+                         f"do not fit in the {space} pairs of 0..{a.max_operand} with a + b and b + a on one side")
+    train, shots = rest[: a.num_train], rest[a.num_train: a.num_train + a.few_shot]  # shots: in every prompt
+    for path, pairs in ((val_path, held_out), (train_path, train)):
+        rows = []
+        for x, y in pairs:
+            prompt, answer = format_problem(x, y, shots)
+            rows.append({data.prompt_key: prompt, data.answer_key: [answer]})
+        _write_jsonl(Path(path), rows)

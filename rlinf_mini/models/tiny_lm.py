@@ -3,10 +3,11 @@ arithmetic task by a short supervised pass, saved as an HF folder (config.json, 
 
     model, tokenizer = load_causal_lm("results/tiny_lm")     # any HF causal-LM folder: the tiny GPT-2, SmolLM2, ...
 
-Why warm-start: RL from random weights on a 0/1 reward has nothing to reinforce; a pass of `sft_steps` supervised
-steps on the train split (fewer than it takes to master the task) leaves a model that is right about half the time,
-which GRPO then improves. The folder is made by `python -m rlinf_mini.models.make_tiny_lm` (the entry runs it when
-actor.model.model_path is missing). Nothing is downloaded.
+Why warm-start: RL from random weights on a 0/1 reward has nothing to reinforce; a short supervised pass on the train
+split, stopped once the model is right on a set share of train sums (make_tiny_lm.WARM_START_ACCURACY), leaves a
+model that has the format and is right on under half the held-out sums, which GRPO then improves. The folder is
+made by `python -m rlinf_mini.models.make_tiny_lm` (the entry runs it when actor.model.model_path is missing).
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -35,18 +36,41 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_gpt2(vocab_size: int, hidden_dim: int, num_layers: int, n_positions: int, seed: int) -> GPT2LMHeadModel:
-    """A GPT-2 of `num_layers` blocks of width `hidden_dim` (4 heads), weights drawn from `seed`."""
+    """A GPT-2 of `num_layers` blocks of width `hidden_dim` (4 heads), weights drawn from `seed` by init_gpt2."""
     config = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=hidden_dim, n_layer=num_layers,
                         n_head=4, bos_token_id=1, eos_token_id=1, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
                         attn_pdrop=0.0, tie_word_embeddings=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(config)
+        model = GPT2LMHeadModel(config)
+    init_gpt2(model, num_layers, seed)
+    return model
+
+
+def init_gpt2(model: torch.nn.Module, num_layers: int, seed: int) -> None:
+    """GPT-2's initialization (transformers' _init_weights: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 L)),
+    biases 0, LayerNorm 1 / 0), drawn by Python's random.Random(seed) in parameter-name order. Why not torch's
+    normal_: its CPU kernel is vectorized per instruction set, and the same seed gave other weights with
+    ATEN_CPU_CAPABILITY=default than on AVX2 / AVX-512 (measured); transformers' init order may change too."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln_" in name or name.startswith("transformer.ln_f"):
+                p.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * num_layers) if name.endswith("c_proj.weight") else 0.02
+                p.copy_(torch.tensor([rng.gauss(0.0, std) for _ in range(p.numel())]).view_as(p))
 
 
 def supervised_warm_start(model: GPT2LMHeadModel, tokenizer, prompts: list[str], answers: list[str], steps: int,
-                          batch_size: int, lr: float, seed: int) -> list[float]:
-    """`steps` AdamW steps of next-token loss on the answer tokens (prompt + answer + <eos>); returns the losses."""
+                          batch_size: int, lr: float, seed: int, stop=None, check_every: int = 10) -> list[float]:
+    """Up to `steps` AdamW steps of next-token loss on the answer tokens (prompt + answer + <eos>), ending early once
+    `stop(model)` (checked every `check_every` steps, in eval mode) is true; returns the losses."""
     gen = torch.Generator().manual_seed(seed)
     eos = tokenizer.eos_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -72,6 +96,11 @@ def supervised_warm_start(model: GPT2LMHeadModel, tokenizer, prompts: list[str],
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if stop is not None and len(losses) % check_every == 0:
+            model.eval()
+            if stop(model):
+                break
+            model.train()
     model.eval()
     return losses
 
