@@ -306,6 +306,19 @@ def ray_too_few_nodes(tmp: Path) -> str:
     return text
 
 
+def ray_nobody_at_the_address(tmp: Path) -> str:
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = write_config(tmp, **_merge(BASE, {"cluster": {"backend": "ray", "ray_address": f"127.0.0.1:{port}"}}))
+    code, text = printed_by_main(["--config", str(path)])
+    assert code == 2 and text.count("\n") == 1, text
+    return text
+
+
 def ray_dead_address(tmp: Path) -> str:
     pytest.importorskip("ray")
     from rlinf_mini.scheduler.ray_backend import ray_address
@@ -342,6 +355,7 @@ TRIGGERS = {  # the page's entry titles -> what makes its message happen; return
     "The weight sync timed out": weight_sync_timeout,
     "A NaN loss": "nan_inline",
     "The env raised": "broken_env_inline",
+    "No Ray cluster at the address": ray_nobody_at_the_address,
     "The Ray cluster has fewer nodes than the config asks": ray_too_few_nodes,
     "A recorded Ray address where no cluster answers": ray_dead_address,
 }
