@@ -50,16 +50,16 @@ def warm_start_examples(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     return prompts, answers
 
 
-def greedy_accuracy(model, tokenizer, prompt_ids: list[list[int]], answers: list[list[str]], max_new: int) -> float:
-    """Greedy exact match by the math verifier (as eval/accuracy)."""
-    from rlinf_mini.config import ReasoningSamplingParams
-    from stages.reasoning_reward import decode_responses, math_reward
-    from stages.reasoning_rollout import generate
-
-    out = generate(model, prompt_ids, torch.arange(len(prompt_ids)), ReasoningSamplingParams(), max_new,
-                   tokenizer.pad_token_id, tokenizer.eos_token_id, seed=0, greedy=True)
-    texts = decode_responses(tokenizer, out["response_ids"], out["response_mask"])
-    return sum(math_reward(t, a, 1.0, 0.0) for t, a in zip(texts, answers, strict=True)) / len(prompt_ids)
+def greedy_accuracy(model, tokenizer, prompts: list[str], answers: list[str], max_new: int) -> float:
+    """Share of `prompts` whose greedy completion (HF generate, to <eos>) is exactly its answer: the warm start's
+    stopping measure on train sums. Not the verifier: rlinf_mini/ imports nothing from stages/ (tutorial 00), and an
+    arithmetic answer is its digits either way."""
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)  # left-padded
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=max_new, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return sum(t.strip() == a for t, a in zip(texts, answers, strict=True)) / len(prompts)
 
 
 def create_tiny_lm(cfg: TrainConfig, out: str, sft_steps: int = SFT_STEPS,
@@ -78,10 +78,9 @@ def create_tiny_lm(cfg: TrainConfig, out: str, sft_steps: int = SFT_STEPS,
     threads = torch.get_num_threads()
     # one thread: at this size a second one only waits, and on busy cores its spinning took 15x longer (measured)
     torch.set_num_threads(1)
-    check = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts[:WARM_START_CHECK]]
 
     def right_often_enough(model) -> bool:
-        return greedy_accuracy(model, tokenizer, check, [[a] for a in answers[:WARM_START_CHECK]],
+        return greedy_accuracy(model, tokenizer, prompts[:WARM_START_CHECK], answers[:WARM_START_CHECK],
                                max_new_tokens(cfg)) >= stop_accuracy
 
     try:
