@@ -25,6 +25,7 @@ from fractions import Fraction
 
 import torch
 
+from rlinf_mini.data.prompt_dataset import last_boxed  # the data's reference answers use it too
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
@@ -32,22 +33,6 @@ from rlinf_mini.scheduler.worker import Worker
 MAX_DIGITS = 200
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?(?:/[0-9]+)?|-?\.[0-9]+")
 _FRAC = re.compile(r"^(-?)\\d?frac\{([^{}]*)\}\{([^{}]*)\}$")
-
-
-def last_boxed(text: str) -> str | None:
-    r"""The content of the last \boxed{...} (or \fbox{...}), braces balanced; None if there is none or it is open."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    brace = text.find("{", start)
-    if brace < 0:
-        return None
-    depth = 0
-    for i in range(brace, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[brace + 1 : i]
-    return None
 
 
 def extract_answer(text: str) -> str | None:

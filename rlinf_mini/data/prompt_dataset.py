@@ -30,7 +30,22 @@ import torch
 
 from rlinf_mini.config import DataConfig
 from rlinf_mini.data.rows import read_rows
-from stages.reasoning_reward import last_boxed
+
+
+def last_boxed(text: str) -> str | None:
+    r"""The content of the last \boxed{...} (or \fbox{...}), braces balanced; None if there is none or it is open."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    brace = text.find("{", start)
+    if brace < 0:
+        return None
+    depth = 0
+    for i in range(brace, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[brace + 1 : i]
+    return None
 
 
 def reference_answer(answer: str) -> str:
