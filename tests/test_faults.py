@@ -60,6 +60,7 @@ NOTICE_LIMIT_S = BASE["cluster"]["timeout_s"] / 2
 # 5 s).
 HANG_REPORT_LIMIT_S = 60
 STOP_LIMIT_S = 30  # SIGTERM / Ctrl-C: the run stops (7 s at load average 15) instead of training 1000 epochs
+LEFTOVER_WAIT_S = 10  # a run's processes end within this of its driver's exit (event-bounded, see _Started.finish)
 RUN_GUARD_S = 240  # a hang guard: a run not ended by then is killed, and its test fails saying so
 pytestmark = pytest.mark.timeout(1200)  # the module fixture's 15 runs count against the first test's limit
 
@@ -93,6 +94,9 @@ CASES = {
     # the env hangs, so a clean stop must wait out the grace period; the second Ctrl-C skips it
     "second_ctrl_c": Case(130, "group=EnvGroup,method=interact,call=3,kind=hang", {"runner": {"max_epochs": 1000}},
                           signals=(signal.SIGINT, signal.SIGINT)),
+    # a crash of the driver itself (SIGKILL: no handler, no atexit) while a rank hangs in a call: nothing outlives it
+    "kill9_driver_while_env_hangs": Case(-signal.SIGKILL, "group=EnvGroup,method=interact,call=3,kind=hang",
+                                         {"runner": {"max_epochs": 1000}}, signals=(signal.SIGKILL,)),
     # the inline backend (every rank a thread of the driver) reports and stops the same way
     "raise_in_actor_rank1_inline": Case(
         1, "group=ActorGroup,rank=1,method=compute_advantages_and_returns,call=2,kind=raise",
@@ -115,7 +119,7 @@ class Run:
     killed: bool  # by the fixture's guard (RUN_GUARD_S)
     signal_times: list[float]
     spawned: set[int]  # worker pids seen while it ran
-    leftover: set[int]  # any process of the run alive after it exited
+    leftover: dict[int, bytes]  # any process of the run alive after it exited: pid -> command line
     segments: list[str]  # its /dev/shm segments left behind
 
 
@@ -172,7 +176,12 @@ class _Started:
     def finish(self) -> Run:
         self.tick()
         seconds = time.monotonic() - self.start
-        time.sleep(0.2)  # SIGKILLed children are reaped by init a moment later
+        # SIGKILLed processes end (and are reaped) a moment after the driver: under load that moment grew past 0.2 s
+        # (a "leftover" second_ctrl_c rank at load 10), so wait for the event, bounded; a process that outlives the run
+        # is still there at the bound
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while _marked(self.marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
         with self.err:
             self.err.seek(0)
             stderr = self.err.read()
@@ -180,7 +189,7 @@ class _Started:
         if self.report_time is None and error_lines(stderr):  # written just before it exited
             self.report_time = self.exit_time
         return Run(self.proc.returncode, stderr, self.run_dir, seconds, self.exit_time, self.report_time, self.killed,
-                   self.signal_times, self.spawned, set(_marked(self.marker)), segments)
+                   self.signal_times, self.spawned, _marked(self.marker), segments)
 
 
 def _merge(base: dict, new: dict) -> dict:
@@ -240,7 +249,7 @@ def assert_clean_end(run: Run, inline: bool = False) -> None:
     assert not run.killed, f"the run had not ended {RUN_GUARD_S} s after its start: killed"
     assert inline or run.spawned, "no worker was ever seen: the case did not run"
     assert not inline or not run.spawned, "the inline backend started worker processes"
-    assert run.leftover == set(), f"processes outlived the run: {run.leftover}"
+    assert not run.leftover, f"processes outlived the run: {run.leftover}"
     assert run.segments == [], f"shared memory outlived the run: {run.segments}"
 
 
@@ -374,6 +383,31 @@ def test_second_ctrl_c_kills_at_once(runs):
     # the first, kills every worker and exits before that line
     assert "interrupted: all workers stopped" not in run.stderr, run.stderr
     assert_clean_end(run)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (one whose reaper is slow has ended all the same)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_driver_leaves_no_process_even_with_a_hung_rank(runs):
+    run = runs["kill9_driver_while_env_hangs"]
+    assert run.returncode == -signal.SIGKILL and run.signal_times and not run.killed, run.stderr
+    assert run.spawned, "no worker was ever seen: the case did not run"
+    # the fork server ends at its lifeline's end-of-file (the driver held the only write end), and each rank with it
+    # (PR_SET_PDEATHSIG), the hung one too: wait for that event, bounded
+    deadline = time.monotonic() + STOP_LIMIT_S
+    alive = set(run.leftover)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = {pid for pid in alive if _running(pid)}
+    assert alive == set(), f"processes outlived the killed driver by {STOP_LIMIT_S} s: {alive}"
+    # a killed driver cannot free its /dev/shm segments: the next run sweeps them (test_backends.py); here, this test
+    for name in run.segments:
+        (Path(SHM_DIR) / name).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------------------------------

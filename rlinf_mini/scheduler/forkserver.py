@@ -87,7 +87,7 @@ def start_fork_server_here(preload: tuple[str, ...] = ()) -> bool:
         address = connection.arbitrary_address("AF_UNIX")  # abstract on Linux: nothing to unlink
         listener.bind(address)
         listener.listen()
-        alive_r, alive_w = os.pipe()  # the server ends when every holder of alive_w is gone (driver and ranks)
+        alive_r, alive_w = os.pipe()  # the server ends when the driver, alive_w's one holder, is gone (ranks close it)
         pid = os.fork()
         if pid == 0:  # the server: never back into the driver's code, its atexit handlers or finally blocks
             code = 0

@@ -208,6 +208,19 @@ def _die_with_parent() -> None:
         pass  # not Linux: the command loop below notices the parent's death instead
 
 
+def _drop_fork_server_lifeline() -> None:
+    """Close this rank's copy of the fork server's lifeline (the stdlib hands every forked child the write end), so
+    that the server ends when the driver does, whatever its ranks do, and a rank that hangs is SIGKILLed with it
+    (PR_SET_PDEATHSIG): with the copy open, a killed driver's hung rank and the server kept each other alive."""
+    import multiprocessing.forkserver as forkserver
+
+    server = forkserver._forkserver  # the stdlib keeps one per process; a rank never starts processes through it
+    if server._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = server._forkserver_pid = server._forkserver_address = None
+
+
 def worker_main(spec: RankSpec, env: dict[str, str], cmd_pipe: Connection, result_pipe: Connection) -> None:
     """Entry point of a rank's process, forked from the fork server (torch already imported, nothing initialized)."""
     import torch
@@ -218,6 +231,7 @@ def worker_main(spec: RankSpec, env: dict[str, str], cmd_pipe: Connection, resul
     os.environ.clear()
     os.environ.update(env)
     _die_with_parent()
+    _drop_fork_server_lifeline()
     _set_process_name(f"{spec.group_name}:{spec.rank}")
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the driver, which stops the workers
