@@ -180,6 +180,8 @@ LONGEST_FIRST = ["test_faults.py",  # ~70 s: 15 training runs, 3 at a time
                  "test_tutorials.py::test_tutorial_runs_top_to_bottom[06_full_run]",  # ~15 s
                  "test_tutorials.py::test_tutorial_runs_top_to_bottom[03_rollout_pipeline]",  # ~20 s
                  "test_bad_input.py",  # ~20 s
+                 "test_docs.py",  # ~32 s: every troubleshooting message made to happen, two short runs
+                 "test_ray_outside.py",  # ~55 s: a `ray start --head` cluster outside the run, joined twice
                  # ~110 s, most of it Ray's processes starting: after the fault runs have (both start many
                  # processes at once: side by side, the bitwise Ray test took 70-86 s instead of ~40)
                  "test_ray.py"]
