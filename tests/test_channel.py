@@ -230,8 +230,8 @@ def test_frames_drawn_in_shared_memory_train_bitwise_the_same_on_local_and_inlin
 
 
 def test_a_wait_spins_only_while_spinning_catches_the_message(monkeypatch):
-    """kernel_queues.py polls a would-block socket for up to SPIN_S before sleeping in poll(); after SPIN_MISSES spins in a
-    row that caught nothing it stops spinning, tries once every SPIN_RETRY waits, and resumes when a try catches."""
+    """kernel_queues.py polls a would-block socket for up to SPIN_S before sleeping in poll(); after SPIN_MISSES spins
+    in a row that caught nothing it stops spinning, tries once every SPIN_RETRY waits; a try that catches resumes it."""
     monkeypatch.setattr(kernel_queues, "_spin", {"misses": 0, "skipped": 0})
     calls = []
 

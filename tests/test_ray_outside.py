@@ -100,10 +100,10 @@ def outside_cluster():
 
 def _actors(address: str) -> dict[str, list[str]]:
     """The cluster's rank actors by state, read by a driver of its own (this process may hold another session)."""
-    code = ("import json, ray; from ray._private.state import state; ray.init(address=%r, logging_level='ERROR');"
-            "t = state.actor_table(None).values(); out = {}\n"
+    code = (f"import json, ray; from ray._private.state import state; ray.init(address={address!r}, "
+            "logging_level='ERROR'); t = state.actor_table(None).values(); out = {}\n"
             "for a in t:\n    out.setdefault(a['State'], []).append(a['ActorClassName'])\n"
-            "print(json.dumps(out))" % address)
+            "print(json.dumps(out))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={
         **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **NO_TOKEN})
     assert done.returncode == 0, done.stderr

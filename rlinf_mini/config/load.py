@@ -19,7 +19,6 @@ from rlinf_mini.config.schema import ConfigError, TrainConfig
 from rlinf_mini.config.schema_embodied import InitParams
 from rlinf_mini.config.yaml_tree import _check_nodes, _YamlLoader, read_yaml_tree
 
-
 # --------------------------------------------------------------------------------------------------------------------
 # Reading YAML strictly
 
