@@ -11,7 +11,7 @@ Where one fails, the plan is printed as far as it goes, then the number that bre
 settings near it that pass every check; the exit code is 2, as for a training run with that config. It does not
 build the env or the model (a bad env id or model folder is still reported when training starts).
 
-Layering: a composition-level module, like `train.py` and `runner.py`: it imports `stages/` (placement, and the
+Layering: a composition-level module, like `train.py` and `runners/`: it imports `stages/` (placement, and the
 rollout's split helpers, so that the numbers printed are the ones the workers use). Nothing in the runtime imports it.
 
 RLinf has no such command; its batch rules live in `rlinf/config.py::validate_embodied_cfg`.

@@ -63,7 +63,7 @@ def _place(plan, cfg: TrainConfig, source: str, placement_cls, components: tuple
 def _new_run_dir(cfg: TrainConfig, source: str) -> Path:
     """The run's folder, refused if an earlier run wrote there and this one does not resume it: two runs in one folder
     would mix their metrics, and `resume_dir: auto` would find the old one's checkpoints."""
-    from rlinf_mini.runner import holds_a_run
+    from rlinf_mini.runners.base import holds_a_run
 
     run_dir = Path(cfg.runner.logger.log_path) / cfg.runner.logger.experiment_name
     if cfg.runner.resume_dir is None and holds_a_run(run_dir):
@@ -110,7 +110,7 @@ class RunPlan:
 
 def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa: F821
     """Start the three worker groups where the placement says, and wire them into a runner (not yet initialized)."""
-    from rlinf_mini.runner import EmbodiedRunner
+    from rlinf_mini.runners.embodied import EmbodiedRunner
     from stages.rollout import EnvWorker, RolloutWorker
     from stages.train import ActorWorker
 
@@ -169,7 +169,7 @@ class ReasoningRunPlan:
 
 def launch_reasoning(cfg: TrainConfig, plan: ReasoningRunPlan, cluster):
     """Start the rollout, reward and actor groups where the placement says, and wire them into a ReasoningRunner."""
-    from rlinf_mini.reasoning_runner import ReasoningRunner
+    from rlinf_mini.runners.reasoning import ReasoningRunner
     from stages.reasoning_reward import ReasoningRewardWorker
     from stages.reasoning_rollout import ReasoningRolloutWorker
     from stages.reasoning_train import ReasoningActorWorker

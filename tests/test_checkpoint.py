@@ -14,7 +14,7 @@ import torch
 from conftest import process_name, write_config
 
 from rlinf_mini.config import load_config
-from rlinf_mini.runner import find_latest_checkpoint
+from rlinf_mini.runners.base import find_latest_checkpoint
 from rlinf_mini.scheduler import local
 from rlinf_mini.train import RunPlan, build_and_run
 from rlinf_mini.utils.metric_logger import read_metrics

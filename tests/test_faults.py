@@ -30,7 +30,7 @@ from conftest import ROOT, marked_processes, write_config
 from toy_workers import EchoWorker
 
 from rlinf_mini.config import ClusterConfig
-from rlinf_mini.runner import find_latest_checkpoint
+from rlinf_mini.runners.base import find_latest_checkpoint
 from rlinf_mini.scheduler import faults
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.cluster import Cluster

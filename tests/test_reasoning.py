@@ -335,3 +335,26 @@ def test_chunks_must_split_evenly_over_the_actor_ranks():
     with pytest.raises(ConfigError, match="algorithm.rollout_batch_size_per_gpu: .* 1 chunks .* 2 actor ranks"):
         check_reasoning_batch_arithmetic(cfg, 1, 1, 2, "test")
     check_reasoning_batch_arithmetic(cfg, 1, 1, 1, "test")  # one actor rank takes the one chunk
+
+
+def test_two_steps_resume_two_steps_equal_four_straight_bitwise(tiny):
+    """runners/base.py's checkpoint for the reasoning half: weights, optimizer, loader, RNG state (rng.pt)."""
+    tmp, _, _, _ = tiny
+    model, one = str(tmp / "model"), {"actor": "0", "rollout,reward": "1"}
+    every = ("--runner.save-interval", "2")
+    dir_s, hist_s = run(tmp, model, "four_straight", 4, one, *every)
+    dir_r, hist_half = run(tmp, model, "two_and_two", 2, one, *every)
+    _, hist_rest = run(tmp, model, "two_and_two", 4, one, *every, "--runner.resume-dir", "auto")
+    assert sorted(p.name for p in (dir_r / "checkpoints/global_step_2").iterdir()) == ["actor.pt", "rng.pt",
+                                                                                       "runner.json"]
+    logged = [{k: v for k, v in h.items() if not k.startswith(("time/", "sync/")) and k != "rollout/tokens_per_s"}
+              for h in hist_half + hist_rest]
+    assert [h["step"] for h in logged] == [1, 2, 3, 4]
+    assert logged == [{k: v for k, v in h.items() if k in logged[0]} for h in hist_s]
+    a = torch.load(dir_s / "checkpoints/global_step_4/actor.pt", weights_only=True)
+    b = torch.load(dir_r / "checkpoints/global_step_4/actor.pt", weights_only=True)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True):
+        assert all(torch.equal(torch.as_tensor(pa[k]), torch.as_tensor(pb[k])) for k in pa)
+    assert json.loads((dir_s / "checkpoints/global_step_4/runner.json").read_text()) == \
+        json.loads((dir_r / "checkpoints/global_step_4/runner.json").read_text())

@@ -19,7 +19,7 @@ import pytest
 from conftest import PLANTED, ROOT
 
 from rlinf_mini.config import load_config
-from rlinf_mini.runner import holds_a_run
+from rlinf_mini.runners.base import holds_a_run
 from rlinf_mini.train import main
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

@@ -15,7 +15,7 @@
 # "One step as pseudocode" holds the same box, and `tests/test_docs.py` checks every name in it against the code.
 #
 # ```text
-# EmbodiedRunner.run(): for global_step in range(runner.max_epochs): train_step()    # rlinf_mini/runner.py
+# EmbodiedRunner.run(): for global_step in range(runner.max_epochs): train_step()    # rlinf_mini/runners/embodied.py
 #
 # 1 sync_weights         update_rollout_weights()              (stage 2; every runner.weight_sync_interval steps)
 #     actor.sync_model_to_rollout(weight_handles, version) || rollout.sync_model_from_actor(version)
@@ -83,7 +83,8 @@ assert sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.py")) == T
 #
 # - `rlinf_mini/train.py`: `main` → `RunPlan` (placement and batch checks, before any process starts) → `launch`
 #   (three `create_group(cfg).launch(cluster, placement_strategy=...)` calls) → `build_and_run`.
-# - `rlinf_mini/runner.py`: `EmbodiedRunner.run` — the four phases above, with RLinf's timer names.
+# - `rlinf_mini/runners/embodied.py`: `EmbodiedRunner.train_step` — the four phases above, with RLinf's timer names;
+#   `rlinf_mini/runners/base.py`: `run`, the step loop both halves share (eval cadence, checkpoints, metrics, trace).
 # - The five stage files, each with a docstring that says what it does, its shapes, its RLinf counterpart and
 #   (all but the last) which stage comes next. Each stays short enough to read in one sitting (under 350 lines):
 
@@ -101,7 +102,7 @@ for name in STAGE_FILES:
 
 import inspect
 
-from rlinf_mini.runner import EmbodiedRunner
+from rlinf_mini.runners.embodied import EmbodiedRunner
 from rlinf_mini.train import launch
 
 assert inspect.getsource(launch).count("create_group(cfg).launch(") == 3
@@ -117,7 +118,7 @@ assert all(f'self.timer("{p}")' in inspect.getsource(EmbodiedRunner.train_step)
 #    Beside it, `config/` (which imports only itself), `utils/` (seeding, tensor trees, metric logger, learning
 #    curve), `envs/` and `models/` import no stage and no runner either.
 # 2. `stages/` — the five stages; they use the scheduler, envs and models, never a runner or the entry.
-# 3. the composition modules — `train.py`, `runner.py`, `explain.py` — put the two together.
+# 3. the composition modules — `train.py`, `runners/`, `explain.py` — put the two together.
 #
 # This is what keeps a stage readable on its own, and the runtime replaceable under it.
 
@@ -135,7 +136,7 @@ def ours(modules: set[str]) -> set[str]:
     return {m for m in modules if m.split(".")[0] in ("rlinf_mini", "stages")}
 
 
-COMPOSITION = ("rlinf_mini.train", "rlinf_mini.runner", "rlinf_mini.explain")
+COMPOSITION = ("rlinf_mini.train", "rlinf_mini.runners", "rlinf_mini.explain")
 for path in sorted((ROOT / "rlinf_mini" / "scheduler").rglob("*.py")):
     bad = {m for m in ours(imports_of(path)) if not m.startswith(("rlinf_mini.scheduler", "rlinf_mini.config"))}
     assert not bad, (path, bad)
@@ -143,7 +144,7 @@ for path in sorted((ROOT / "rlinf_mini" / "config").glob("*.py")):  # the schema
     bad = {m for m in ours(imports_of(path)) if not m.startswith("rlinf_mini.config")}
     assert not bad, (path, bad)
 for path in sorted((ROOT / "rlinf_mini").rglob("*.py")):
-    if path.stem in ("train", "runner", "explain") and path.parent.name == "rlinf_mini":
+    if path.parent.name == "runners" or (path.stem in ("train", "explain") and path.parent.name == "rlinf_mini"):
         continue
     bad = {m for m in ours(imports_of(path)) if m.startswith("stages") or m.startswith(COMPOSITION)}
     assert not bad, (path, bad)
@@ -229,7 +230,7 @@ assert per_step == 128 and [h["env/steps"] for h in history] == [per_step, 2 * p
 # rlinf_mini → RLinf (`github.com/RLinf/RLinf`, v0.4):
 #
 # - `rlinf_mini/train.py` → `examples/embodiment/train_embodied_agent.py`
-# - `rlinf_mini/runner.py::EmbodiedRunner` → `rlinf/runners/embodied_runner.py::EmbodiedRunner`
+# - `rlinf_mini/runners/embodied.py::EmbodiedRunner` → `rlinf/runners/embodied_runner.py::EmbodiedRunner`
 # - `stages/placement.py` → `rlinf/scheduler/placement/placement.py::ComponentPlacement`,
 #   `rlinf/utils/placement.py::HybridComponentPlacement`
 # - `stages/sync.py` → `EmbodiedRunner.update_rollout_weights`, `rlinf/hybrid_engines/weight_syncer/`
@@ -255,8 +256,9 @@ for name, symbol in COUNTERPART.items():
 #
 # How many env steps does one training step take? Write `my_env_steps(total_num_envs, max_steps_per_rollout_epoch,
 # rollout_epoch)` below, replacing the body (the glossary says what each of the three means). As shipped the body
-# calls the reference, `rlinf_mini.runner.env_steps_per_training_step`, the function that logs `env/steps`, so this
-# cell passes; with your own body it tells you whether you got it right on every case, and if not, which case.
+# calls the reference, `rlinf_mini.runners.embodied.env_steps_per_training_step`, the function that logs
+# `env/steps`, so this cell passes; with your own body it tells you whether you got it right on every case, and if
+# not, which case.
 
 # %%
 import dataclasses
@@ -264,7 +266,7 @@ import dataclasses
 from workbench import check_exercise, matches
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.runner import env_steps_per_training_step
+from rlinf_mini.runners.embodied import env_steps_per_training_step
 
 
 def reference_env_steps(total_num_envs: int, max_steps_per_rollout_epoch: int, rollout_epoch: int) -> int:

@@ -22,7 +22,7 @@
 # - `stages/sync.py`: `plan_layout` (the buffer's layout), `WeightReceiver.__init__` (allocate once, bind the
 #   parameters), `WeightSender.send` (data first, stamp last), `WeightReceiver.wait_for_version`.
 # - `stages/train.py::ActorWorker.sync_model_to_rollout`, `stages/rollout.py::RolloutWorker.sync_model_from_actor`,
-#   `rlinf_mini/runner.py::EmbodiedRunner.update_rollout_weights` (starts both sides, waits for both).
+#   `rlinf_mini/runners/base.py::Runner.update_rollout_weights` (starts both sides, waits for both).
 
 # %%
 import torch

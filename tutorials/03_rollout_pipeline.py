@@ -36,7 +36,7 @@
 #   `EnvWorker.interact` (stack the stages, cut the pieces for the actor), `_stack_trajectory` (one reward and one
 #   done per chunk step).
 # - `rlinf_mini/envs/base.py::chunk_step`: C env steps per call, open loop; rewards and flags [B, C].
-# - `rlinf_mini/runner.py::EmbodiedRunner.generate_rollouts`: starts `env.interact`, `rollout.generate` and
+# - `rlinf_mini/runners/embodied.py::EmbodiedRunner.generate_rollouts`: starts `env.interact`, `rollout.generate` and
 #   `actor.recv_rollout_trajectories` together and waits for all three.
 # - `rlinf_mini/utils/seeding.py::counter_uniform`: the action noise is a hash of (seed, env id, sample step), which is
 #   why the way envs are split into stages cannot change a trajectory.

@@ -24,8 +24,8 @@
 #
 # - `rlinf_mini/train.py`: `main` (the entry, exit codes), `RunPlan`, `launch`, `build_and_run` (start, run, and
 #   stop every worker — also on an error or Ctrl-C).
-# - `rlinf_mini/runner.py::EmbodiedRunner`: `run` (the step loop: `val_check_interval`, `save_interval`),
-#   `evaluate`, `save_checkpoint` (a `.tmp` folder renamed last: complete or absent), `load_checkpoint`,
+# - `rlinf_mini/runners/base.py::Runner`: `run` (the step loop: `val_check_interval`, `save_interval`),
+#   `save_checkpoint` (a `.tmp` folder renamed last: complete or absent), `load_checkpoint`,
 #   `find_latest_checkpoint` (what `resume_dir: auto` picks).
 # - `rlinf_mini/utils/metric_logger.py` (`metrics.jsonl`, TensorBoard, the console line; `read_metrics`) and
 #   `rlinf_mini/utils/learning_curve.py::plot_learning_curve`.
@@ -43,7 +43,7 @@ from workbench import OUT, ROOT, check_exercise, matches
 from rlinf_mini.config import load_config
 from rlinf_mini.envs import make_env
 from rlinf_mini.envs.video import EvalVideoRecorder
-from rlinf_mini.runner import find_latest_checkpoint
+from rlinf_mini.runners.base import find_latest_checkpoint
 from rlinf_mini.train import RunPlan, build_and_run
 from rlinf_mini.utils.metric_logger import read_metrics
 

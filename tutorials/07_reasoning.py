@@ -13,7 +13,7 @@
 # and `tests/test_docs.py` checks every name in it against the code.
 #
 # ```text
-# ReasoningRunner.run(): for global_step in range(runner.max_epochs): step()          # rlinf_mini/reasoning_runner.py
+# ReasoningRunner.run(): for global_step in range(runner.max_epochs): train_step()    # rlinf_mini/runners/reasoning.py
 #
 # 1 prepare_data         loader.next_batch(): data.rollout_batch_size prompts onto the dataloader channel,
 #                        in chunks of algorithm.rollout_batch_size_per_gpu prompts
@@ -64,7 +64,7 @@
 # - `stages/reasoning_reward.py`: `extract_answer`, `answers_equal`, `math_reward`, `ReasoningRewardWorker`.
 # - `stages/reasoning_train.py`: `compute_grpo_token_advantages`, `compute_response_logprobs`, the loss
 #   (`compute_ppo_actor_loss` from `stages/train.py`, token by token), `ReasoningActorWorker.run_training`.
-# - `rlinf_mini/reasoning_runner.py::ReasoningRunner.step`, `rlinf_mini/data/`, `rlinf_mini/models/tiny_lm.py`.
+# - `rlinf_mini/runners/reasoning.py::ReasoningRunner.train_step`, `rlinf_mini/data/`, `rlinf_mini/models/tiny_lm.py`.
 
 # %%
 import time
@@ -277,7 +277,7 @@ assert kl_with <= 0.75 * kl_without and kl_accuracy[-1] >= kl_accuracy[0] + 0.02
 # ## The RLinf counterpart
 #
 # - `rlinf/runners/reasoning_runner.py::ReasoningRunner.run` (`_put_batch`, `_sync_weights`, rollout ∥ reward ∥
-#   actor over channels) → `rlinf_mini/reasoning_runner.py`
+#   actor over channels) → `rlinf_mini/runners/reasoning.py`
 # - `rlinf/workers/rollout/` (SGLang / vLLM engines) → `stages/reasoning_rollout.py::generate` on the HF model
 # - `rlinf/workers/reward/reward_worker.py`, `rlinf/algorithms/rewards/math/` → `stages/reasoning_reward.py`
 # - `rlinf/algorithms/advantages.py::compute_grpo_advantages`, `rlinf/algorithms/losses.py`,

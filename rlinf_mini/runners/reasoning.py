@@ -1,0 +1,144 @@
+"""ReasoningRunner: the reasoning half's GRPO step on the same runtime as the embodied one; the loop around it is
+runners/base.py. It carries no data beyond the prompts it puts: rollout, reward and actor talk over channels.
+
+One step (RLinf's timer names):
+    prepare_data     the loader's next rollout_batch_size prompts -> dataloader channel, in chunks
+    sync_weights     actor rank 0 -> every rollout rank (stages/sync.py)
+    rollout || reward || actor.run_training   chunk by chunk: a chunk is scored while the next one is generated,
+                     and the actor trains once it holds its share
+then, every val_check_interval steps, greedy exact match on the held-out prompts (eval/accuracy), and every
+save_interval steps an atomic checkpoint (actor weights and optimizer, rng.pt, the loader's position, the step).
+With runner.trace, every worker records its spans (rollout: generate per chunk, reward: score per chunk, actor:
+logprobs and update; channel waits): trace.json and timeline.png of the first TRACE_FILE_STEPS steps, and
+time/trace/{busy,idle}/<component> per step (scheduler/tracer.py).
+
+RLinf counterpart: `rlinf/runners/reasoning_runner.py::ReasoningRunner` (_put_batch, _sync_weights, run,
+_save_checkpoint) and `examples/reasoning/main_grpo.py`. Left out: critic, actor-inference groups, dynamic scheduler.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlinf_mini.config import TrainConfig
+from rlinf_mini.data.prompt_dataset import PromptDataset, PromptLoader
+from rlinf_mini.runners.base import Runner
+from rlinf_mini.scheduler.channel import Channel
+from rlinf_mini.scheduler.worker import WorkerGroup
+
+
+class ReasoningRunner(Runner):
+    EVAL_KEY = "eval/accuracy"
+
+    def __init__(self, cfg: TrainConfig, actor: WorkerGroup, rollout: WorkerGroup, reward: WorkerGroup, cluster,
+                 run_dir: Path, train_set: PromptDataset, val_set: PromptDataset):
+        super().__init__(cfg, actor, rollout, (rollout, reward, actor), run_dir)
+        self.reward = reward
+        self.train_set, self.val_set = train_set, val_set
+        # one message per (channel, chunk key) per step
+        self.dataloader_channel = Channel.create("DataLoader", cluster, maxsize=1)
+        self.rollout_channel = Channel.create(f"{cfg.rollout.group_name}.Rollout", cluster, maxsize=1)
+        self.reward_channel = Channel.create(f"{cfg.reward.group_name}.Reward", cluster, maxsize=1)
+        d = cfg.data
+        self.loader = PromptLoader(len(train_set), d.rollout_batch_size, d.shuffle, d.seed)
+        self.chunk_prompts = cfg.algorithm.rollout_batch_size_per_gpu
+        self.num_chunks = d.rollout_batch_size // self.chunk_prompts
+
+    def init_workers(self) -> None:
+        rollout_init = self.rollout.init_worker()
+        reward_init = self.reward.init_worker(self.rollout.world_size)
+        self.weight_handles = rollout_init.wait()
+        reward_init.wait()
+        self.actor.init_worker().wait()
+        self._trace_and_resume()
+
+    def _put_batch(self, indices: list[int]) -> None:
+        """Cut the step's prompts into chunks; chunk c's responses have global sample ids from first_sample_id."""
+        per_step = self.cfg.data.rollout_batch_size * self.cfg.algorithm.group_size
+        for c in range(self.num_chunks):
+            idx = indices[c * self.chunk_prompts:(c + 1) * self.chunk_prompts]
+            self.dataloader_channel.put({
+                "prompt_ids": [self.train_set.prompt_ids[i] for i in idx],
+                "answers": [self.train_set.answers[i] for i in idx],
+                "first_sample_id": self.global_step * per_step + c * self.chunk_prompts * self.cfg.algorithm.group_size,
+            }, key=("prompts", c))
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy responses to every held-out prompt, split over the rollout ranks; exact match by the verifier."""
+        chunk = self.chunk_prompts * self.cfg.algorithm.group_size
+        per_rank = self.rollout.evaluate(self.val_set.prompt_ids, self.val_set.answers, chunk).wait()
+        correct = sum(flat[1::2].count(1.0) for flat in per_rank)
+        return {"eval/accuracy": correct / len(self.val_set)}
+
+    def train_step(self) -> dict[str, float]:
+        """One GRPO step: prompts in, rollout || reward || actor chunk by chunk; global_step counts the steps done."""
+        self.timings = {}
+        metrics: dict[str, float] = {}
+        with self.timer("step"):
+            with self.timer("prepare_data"):
+                self._put_batch(self.loader.next_batch())
+            with self.timer("sync_weights"):
+                if self.global_step % self.cfg.runner.weight_sync_interval == 0:
+                    metrics |= self.update_rollout_weights()
+            with self.timer("generate_and_train"):
+                rollout_run = self.rollout.rollout(self.dataloader_channel, self.rollout_channel, self.num_chunks)
+                reward_run = self.reward.compute_rewards(self.rollout_channel, self.reward_channel, self.num_chunks)
+                actor_run = self.actor.run_training(self.reward_channel, self.num_chunks, self.global_step,
+                                                    self.reward.world_size)
+                metrics |= actor_run.wait()[0]
+                rollout_metrics, reward_metrics = rollout_run.wait(), reward_run.wait()
+        n = sum(m["reward/count"] for m in reward_metrics)
+        metrics["rollout/accuracy"] = sum(m["reward/correct"] for m in reward_metrics) / n
+        metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens"] for m in rollout_metrics) / max(
+            max(m["time/rollout/generate"] for m in rollout_metrics), 1e-9)
+        metrics["time/rollout"] = max(m["time/rollout/generate"] for m in rollout_metrics)
+        metrics["time/reward"] = max(m["time/reward/compute"] for m in reward_metrics)
+        self.global_step += 1
+        return metrics | self.timings
+
+    # --- what the loop asks of this half -------------------------------------------------------------------------
+
+    def plot_curve(self) -> None:
+        plot_reasoning_curve(self.history, self.run_dir / "learning_curve.png")
+
+    def console_line(self, metrics: dict[str, float], step: int) -> str:
+        keys = ("rollout/accuracy", "eval/accuracy", "train/actor/approx_kl", "time/step")
+        return " | ".join([f"step {step}"] + [f"{k} {metrics[k]:.3g}" for k in keys if k in metrics])
+
+    def trace_title(self) -> str:
+        return "rlinf_mini reasoning: rollout || reward || actor, chunk by chunk"
+
+    def _save_checkpoint(self, folder: Path) -> None:
+        self.actor.execute_on(0).save_checkpoint(str(folder / "actor.pt")).wait()
+
+    def _load_checkpoint(self, folder: Path, state: dict) -> None:
+        self.actor.load_checkpoint(str(folder / "actor.pt")).wait()
+        self.loader.load_state_dict(state["loader"])
+
+    def _runner_state(self) -> dict:
+        return {"loader": self.loader.state_dict()}
+
+
+def plot_reasoning_curve(history: list[dict[str, float]], path: Path) -> Path | None:
+    """learning_curve.png: held-out greedy exact match and the sampled train accuracy against the step."""
+    evals = [h for h in history if "eval/accuracy" in h]
+    if not evals:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.plot([h["step"] for h in evals], [h["eval/accuracy"] for h in evals], marker="o", label="eval/accuracy (greedy)")
+    train = [h for h in history if "rollout/accuracy" in h]
+    ax.plot([h["step"] for h in train], [h["rollout/accuracy"] for h in train], alpha=0.5,
+            label="rollout/accuracy (sampled)")
+    ax.set(xlabel="training step", ylabel="exact match", ylim=(-0.02, 1.02), title="reasoning: held-out exact match")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
