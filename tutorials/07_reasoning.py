@@ -8,7 +8,7 @@
 # %% [markdown]
 # ## One step as pseudocode
 #
-# The step this tutorial takes apart, as pseudocode: one block per phase of `ReasoningRunner.step`, in the names
+# The step this tutorial takes apart, as pseudocode: one block per phase of `ReasoningRunner.train_step`, in the names
 # the code uses (`||`: the calls run at the same time). README's "One step as pseudocode" holds the same box,
 # and `tests/test_docs.py` checks every name in it against the code.
 #
