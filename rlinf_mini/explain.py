@@ -236,7 +236,8 @@ def describe(cfg: TrainConfig, placement: HybridComponentPlacement | None, num_g
         return lines + ["  (cannot place the components: see the error below)"]
     lines += ["  " + line for line in placement.describe().splitlines()]
     plan = devices.device_plan({c: placement.get_strategy(c) for c in COMPONENTS}, num_devices(cfg, num_gpus),
-                               num_gpus, visible, num_nodes=cfg.cluster.num_nodes)
+                               num_gpus, visible, num_nodes=cfg.cluster.num_nodes,
+                               threads_per_device=cfg.cluster.threads_per_device)
     lines += ["  " + line for line in plan.describe()]
     ws = {c: placement.get_world_size(c) for c in COMPONENTS}
     lines.append(f"  world sizes: env {ws['env']}, rollout {ws['rollout']}, actor {ws['actor']}")

@@ -56,7 +56,8 @@ def _place(plan, cfg: TrainConfig, source: str, placement_cls, components: tuple
     check_precision(cfg, plan.num_gpus, source)
     plan.device_plan = devices.device_plan({c: plan.placement.get_strategy(c) for c in components}, plan.num_devices,
                                            plan.num_gpus, devices.visible_gpus(os.environ, plan.num_gpus),
-                                           num_nodes=cfg.cluster.num_nodes)
+                                           num_nodes=cfg.cluster.num_nodes,
+                                           threads_per_device=cfg.cluster.threads_per_device)
     plan.world_sizes = {c: plan.placement.get_world_size(c) for c in components}
 
 

@@ -50,6 +50,17 @@ def test_processes_are_pinned_to_their_virtual_device(cluster, echo):
         assert info["cuda_before_pinning"] is False  # pinned before anything initialized CUDA
 
 
+def test_a_ranks_threads_are_cluster_threads_per_device_times_its_devices():
+    cluster = Cluster(ClusterConfig(num_devices=2, timeout_s=20, threads_per_device=3))
+    try:
+        placement = ComponentPlacement({"one": "0", "both": "0-1:0"}, cluster.num_devices)  # 1 device; 2 devices
+        one = EchoWorker.create_group(None, "t").launch(cluster, placement.get_strategy("one"), name="One")
+        both = EchoWorker.create_group(None, "t").launch(cluster, placement.get_strategy("both"), name="Both")
+        assert [i["threads"] for i in one.info().wait() + both.info().wait()] == [3, 6]
+    finally:
+        cluster.shutdown()
+
+
 def test_execute_on_selects_ranks_for_one_call(echo):
     assert echo.execute_on(1).add(10).wait() == [11]
     assert len(echo.add(0).wait()) == 2  # the selection does not stick

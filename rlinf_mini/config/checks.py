@@ -32,6 +32,7 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         "actor.model.max_prompt_length": cfg.actor.model.max_prompt_length,
         "rollout.sampling_params.temperature_train": cfg.rollout.sampling_params.temperature_train,
         "cluster.timeout_s": cfg.cluster.timeout_s,
+        "cluster.threads_per_device": cfg.cluster.threads_per_device,
     }
     for split in ("train", "eval"):
         e: EnvSplitConfig = getattr(cfg.env, split)
@@ -211,6 +212,8 @@ def validate_reasoning_config(cfg: TrainConfig, source: str) -> None:
         raise ConfigError(f"{source}: {key}: {msg}")
 
     algo, data, sampling = cfg.algorithm, cfg.data, cfg.algorithm.sampling_params
+    if cfg.cluster.threads_per_device < 1:
+        fail("cluster.threads_per_device", f"must be >= 1, got {cfg.cluster.threads_per_device}")
     if algo.adv_type != "grpo":
         fail("algorithm.adv_type", f"the reasoning run computes GRPO advantages, got {algo.adv_type!r}")
     if algo.loss_type != "actor":

@@ -41,6 +41,10 @@ class ClusterConfig:
     on 2 devices). A key may name several components ('env,rollout,actor')."""
     timeout_s: float = 120.0
     """rlinf_mini: the longest any blocking wait (a group call, a channel get) may take before it is an error."""
+    threads_per_device: int = 1
+    """rlinf_mini: torch's intra-op threads (and OMP/MKL's) per device a rank holds, on every backend and node. A
+    number from the config, never the node's core count: the count decides how a float sum is split, so the same
+    config gives the same bits on 1 or 2 nodes of any CPU share. Raise it on a many-core machine for speed."""
 
 
 @dataclass

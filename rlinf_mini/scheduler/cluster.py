@@ -96,7 +96,7 @@ class Cluster:
         else:
             cores = tuple(sorted({c for d in placement.devices for c in self.device_cores(d)}))
             env["CUDA_VISIBLE_DEVICES"] = ""
-        threads = devices.rank_threads(placement.devices)
+        threads = devices.rank_threads(placement.devices, self.cfg.threads_per_device)
         counts = self._gpu_ranks if self._gpu_ranks is not None else {(node, g): 1 for g in gpus}
         share = devices.gpu_share(gpus, node, counts)
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}

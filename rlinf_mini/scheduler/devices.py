@@ -24,15 +24,13 @@ from rlinf_mini.scheduler.placement import PlacementStrategy
 CPU_DEFAULT_DEVICES = 2  # cluster.num_devices = -1 on a machine without a GPU: two shares of the CPU cores
 
 
-THREADS_PER_DEVICE = 1  # torch threads per device a rank is placed on: one core's share on the default 2-core machine
-
-
-def rank_threads(placement_devices: tuple[int, ...]) -> int:
+def rank_threads(placement_devices: tuple[int, ...], threads_per_device: int) -> int:
     """torch's intra-op threads (and OMP/MKL's) for a rank placed on `placement_devices`, on any backend, node and
-    device type: a number from the config, never the node's core count. A float sum split over 2 threads is not the
-    1-thread sum (embodied_mlp's eval/return at step 0: 0.00928457360714674 with 1, ...174450159 with 2), so a count
-    from the node would give other bits on 2 nodes, or on nodes with other CPU shares."""
-    return THREADS_PER_DEVICE * len(placement_devices)
+    device type: `cluster.threads_per_device` per device, never the node's core count. A float sum split over 2
+    threads is not the 1-thread sum (embodied_mlp's eval/return at step 0: 0.00928457360714674 with 1,
+    ...174450159 with 2), so a count from the node would give other bits on 2 nodes, or on nodes with other CPU
+    shares."""
+    return threads_per_device * len(placement_devices)
 
 
 def ranks_per_gpu(rank_devices: list[tuple[int, ...]], rank_gpus: list[tuple[str, ...]],
@@ -168,6 +166,7 @@ class DevicePlan:
     sync: tuple[str, ...]  # path to each rollout rank
     note: str | None  # fewer devices than GPUs
     num_nodes: int = 1
+    threads_per_device: int = 1  # cluster.threads_per_device
 
     def rank_devices(self) -> tuple[list[tuple[int, ...]], list[tuple[str, ...]]]:
         """Every rank of every component: (its devices, its GPUs), in the same order."""
@@ -184,7 +183,8 @@ class DevicePlan:
             d = self.num_devices // self.num_nodes
             lines.append(f"  nodes: {self.num_nodes} (Ray: the driver's, then by node id): " + ", ".join(
                 f"node {n} devices {n * d}-{n * d + d - 1}" for n in range(self.num_nodes)))
-        lines.append(f"  torch threads per rank: {THREADS_PER_DEVICE} per device it holds, on every node and backend")
+        lines.append(f"  torch threads per rank: {self.threads_per_device} per device it holds, on every node and "
+                     "backend (cluster.threads_per_device)")
         for c in self.components:
             per_rank = ", ".join(f"{r}:{'+'.join(g) if g else 'cpu'}" for r, g in enumerate(c.gpus))
             lines.append(f"  {c.component} ranks -> GPU: {per_rank}")
@@ -196,7 +196,8 @@ class DevicePlan:
 
 
 def device_plan(strategies: dict[str, PlacementStrategy], num_devices: int, num_gpus: int,
-                visible: list[str] | None = None, grad_bytes: int = 0, num_nodes: int = 1) -> DevicePlan:
+                visible: list[str] | None = None, grad_bytes: int = 0, num_nodes: int = 1,
+                threads_per_device: int = 1) -> DevicePlan:
     """Devices, the actor's collective and the weight-sync path of placed components (the strategies of
     stages/placement.py for `num_devices` devices: "env", "rollout", "actor", or "rollout", "reward", "actor" for
     reasoning) on `num_gpus` GPUs (0 = CPU).
@@ -218,4 +219,4 @@ def device_plan(strategies: dict[str, PlacementStrategy], num_devices: int, num_
         collective=collective_backend(list(actor.gpus), grad_bytes),
         sync=tuple(sync_path(actor.gpus[0], g, node_of(d) != node_of(actor.devices[0]))
                    for g, d in zip(rollout.gpus, rollout.devices, strict=True)),
-        note=fewer_devices_note(num_devices, visible), num_nodes=num_nodes)
+        note=fewer_devices_note(num_devices, visible), num_nodes=num_nodes, threads_per_device=threads_per_device)
