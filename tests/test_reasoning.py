@@ -16,7 +16,7 @@ from rlinf_mini.config import ReasoningSamplingParams, load_config
 from rlinf_mini.data.arithmetic import write_arithmetic_jsonl
 from rlinf_mini.data.prompt_dataset import PromptDataset, PromptLoader
 from rlinf_mini.models.make_tiny_lm import create_tiny_lm, warm_start_examples
-from rlinf_mini.models.tiny_lm import load_causal_lm
+from rlinf_mini.models.tiny_lm import build_char_tokenizer, load_causal_lm
 from rlinf_mini.train import ReasoningRunPlan, build_and_run, main
 from stages.losses import KL_PENALTY_TYPES
 from stages.reasoning_rollout import generate, sample_tokens
@@ -251,7 +251,7 @@ def test_arithmetic_files_and_a_resumable_loader(tmp_path):
     assert len(train) == 512 and len(val) == 32
     held_out = {r["prompt"] for r in val}
     swapped = {"+".join(reversed(p[:-1].split("+"))) + "=" for p in held_out}  # 37+45= -> 45+37=
-    warm_prompts, warm_answers = warm_start_examples(cfg)  # what the supervised warm start reads, all of it
+    warm_prompts, warm_answers = warm_start_examples(cfg, build_char_tokenizer())  # what the warm start reads
     assert len(warm_prompts) == 512 and not set(warm_prompts) & (held_out | swapped)
     assert warm_answers[0] == train[0]["solutions"][0]
     a, b = map(int, train[0]["prompt"][:-1].split("+"))
@@ -270,7 +270,7 @@ def test_a_prompt_file_with_other_keys_is_an_error_naming_the_line(tmp_path, tin
     _, cfg, _, tok = tiny
     (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1=", "solutions": ["2"]}\n{"question": "2+2="}\n')
     with pytest.raises(ValueError, match="bad.jsonl line 2"):
-        PromptDataset.from_jsonl([str(tmp_path / "bad.jsonl")], cfg.data, tok)
+        PromptDataset.from_files([str(tmp_path / "bad.jsonl")], cfg.data, tok)
 
 
 @pytest.mark.parametrize("flags,key", [

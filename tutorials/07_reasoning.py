@@ -91,7 +91,7 @@ start = time.monotonic()
 losses = create_tiny_lm(cfg, str(OUT / "tiny_lm"))  # writes the JSONL files, then the supervised steps
 print(f"warm start: {time.monotonic() - start:.0f} s (the longest part of this tutorial)")
 model, tokenizer = load_causal_lm(OUT / "tiny_lm")
-train = PromptDataset.from_jsonl(cfg.data.train_data_paths, cfg.data, tokenizer)
+train = PromptDataset.from_files(cfg.data.train_data_paths, cfg.data, tokenizer)
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters; supervised loss {losses[0]:.2f} -> {losses[-1]:.2f}")
 print("a train prompt:", repr(train.prompts[0]), "answers:", train.answers[0])
 assert losses[-1] < losses[0] / 5  # the warm start learned the format (right on under half the sums: see below)

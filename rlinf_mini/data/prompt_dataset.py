@@ -111,8 +111,6 @@ class PromptDataset:
                              f"in {paths} ({len(dropped)} longer, first {dropped[0]})")
         return cls(prompts, ids, answers, dropped)
 
-    from_jsonl = from_files  # the name before parquet and JSON files were read
-
     def dropped_note(self, key: str, max_prompt_length: int) -> str | None:
         """One line for the console when prompts were dropped, else None."""
         if not self.dropped:

@@ -38,16 +38,14 @@ def ensure_arithmetic_data(cfg: TrainConfig) -> None:
         write_arithmetic_jsonl(cfg.data, train, val)
 
 
-def warm_start_examples(cfg: TrainConfig) -> tuple[list[str], list[str]]:
-    """The supervised pass's (prompts, answers): the train file's rows only (data.train_data_paths[0]), never a
-    held-out one; for the arithmetic task no held-out problem is in it in either order (tests/test_reasoning.py)."""
-    import json
-    from pathlib import Path
+def warm_start_examples(cfg: TrainConfig, tokenizer) -> tuple[list[str], list[str]]:
+    """The supervised pass's (prompts, first accepted answers): the train files' rows only (data.train_data_paths),
+    read as the run reads them (rlinf_mini/data: any format, the same checks and errors), never a held-out one; for
+    the arithmetic task no held-out problem is in them in either order (tests/test_reasoning.py)."""
+    from rlinf_mini.data.prompt_dataset import PromptDataset
 
-    rows = [json.loads(ln) for ln in Path(cfg.data.train_data_paths[0]).read_text().splitlines() if ln.strip()]
-    prompts = [str(r[cfg.data.prompt_key]) for r in rows]
-    answers = [str(a[0] if isinstance(a, list) else a) for a in (r[cfg.data.answer_key] for r in rows)]
-    return prompts, answers
+    train = PromptDataset.from_files(cfg.data.train_data_paths, cfg.data, tokenizer)
+    return train.prompts, [refs[0] for refs in train.answers]
 
 
 def greedy_accuracy(model, tokenizer, prompts: list[str], answers: list[str], max_new: int) -> float:
@@ -71,7 +69,7 @@ def create_tiny_lm(cfg: TrainConfig, out: str, sft_steps: int = SFT_STEPS,
 
     ensure_arithmetic_data(cfg)
     tokenizer = build_char_tokenizer()
-    prompts, answers = warm_start_examples(cfg)
+    prompts, answers = warm_start_examples(cfg, tokenizer)
     m = cfg.actor.model
     model = tiny_gpt2(len(tokenizer), m.hidden_dim, m.num_layers, n_positions=max(64, cfg.runner.seq_length),
                       seed=cfg.actor.seed)
