@@ -156,6 +156,7 @@ def channels(cluster, group, n_large: int, n_small: int, reps: int) -> list[Row]
 def group_calls_and_channels(n_calls: int, n_large: int, n_small: int, reps: int, calls: bool = True) -> list[Row]:
     rows = []
     cluster = Cluster(ClusterConfig(backend="ray", num_devices=2, timeout_s=60))
+    cluster.backend.same_node_channels = False  # the queue actor, as a run on several nodes has (one node: kernel)
     try:
         group = RayBenchWorker.create_group(None).launch(cluster, _strategy("0-1:0-3"), name="Bench")  # 4 ranks
         group.noop().wait()

@@ -88,7 +88,8 @@ def no_actor_left(ray_cluster):
 
 def collect(tmp_path, placement: dict, num_devices: int, **cluster) -> tuple:
     """Launch, run 2 steps by hand; returns (trajectories per step, trained actor weights, rollout weights after the
-    last sync, the runner's weight handles, the cluster's Ray nodes)."""
+    last sync, the runner's weight handles, the cluster's Ray nodes, the class names of the runner's three channel
+    transports and of the rollout's weight mailbox)."""
     cfg, source = small_cfg(tmp_path, placement, num_devices, 2, cluster=cluster)
     plan = RunPlan(cfg, source)
     c = Cluster(cfg.cluster)
@@ -108,7 +109,10 @@ def collect(tmp_path, placement: dict, num_devices: int, **cluster) -> tuple:
         runner.global_step = 2
         runner.update_rollout_weights()
         after_sync = runner.rollout.get_state_dict().wait()
-        return batches, trained, after_sync, runner.weight_handles, getattr(c.backend, "nodes", None)
+        transports = [type(ch.transport).__name__ for ch in (runner.env_channel, runner.rollout_channel,
+                                                             runner.actor_channel)]
+        transports += [type(h.mailbox).__name__ for h in runner.weight_handles]
+        return batches, trained, after_sync, runner.weight_handles, getattr(c.backend, "nodes", None), transports
     finally:
         c.shutdown()
 
@@ -120,9 +124,14 @@ GENEROUS_S = 10  # slack on top of an event's own bound (a timeout, a grace peri
 
 
 def test_local_ray_and_ray_on_two_nodes_train_bitwise_the_same(ray_cluster, tmp_path):
+    """...and a one-node Ray run's channels and weight mailbox are the kernel queues (the same-node fast path:
+    scheduler/ray_backend.py), a two-node run's the queue actor."""
     local = collect(tmp_path, PLACEMENT, 4)
     one_node = collect(tmp_path, PLACEMENT, 4, backend="ray")
     two_nodes = collect(tmp_path, PLACEMENT, 4, backend="ray", num_nodes=2)
+    assert local[5] == ["KernelQueues"] * 3 + ["NoneType"]
+    assert one_node[5] == ["KernelQueues"] * 4
+    assert two_nodes[5] == ["RayQueues"] * 4
     nodes = two_nodes[4]
     assert [h.node for h in two_nodes[3]] == [nodes[1]["NodeID"]]  # the rollout's buffer is on node 1...
     assert nodes[0]["NodeID"] != nodes[1]["NodeID"]  # ...and actor rank 0 on node 0: weights crossed nodes

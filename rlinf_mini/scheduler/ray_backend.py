@@ -8,8 +8,13 @@
   on that GPU) in Ray's accounting; `start()` sets spec.env (CUDA_VISIBLE_DEVICES, RANK, OMP_*, ...) before torch.
   A group call is one actor call per rank, collected with ray.wait; a never-returning `watch()` call, which Ray fails
   when the actor dies, is how exit_status sees a death (kill -9 included).
-- Collective: MASTER_ADDR/PORT from rank 0's `rendezvous()`, handed to every `start()` as an ObjectRef. Channels:
-  scheduler/ray_channel.py.
+- Collective: MASTER_ADDR/PORT from rank 0's `rendezvous()`, handed to every `start()` as an ObjectRef.
+- Channels, by one rule: a one-node run (cluster.num_nodes 1: every rank pinned to the driver's node) uses the local
+  backend's kernel queues (kernel_queues.py: a ChannelServer in the driver, socketpairs handed to each rank's actor
+  process, large tensors through the codec's shared memory), which no Ray call is in; a run on more nodes uses the
+  queue actor (scheduler/ray_channel.py), which every node reaches. (embodied_mlp's step, ray / local: 0.28 through
+  the queue actor; benchmarks/ray_backend.py --step.) The same rule picks the ranks' weight mailbox (stages/sync.py):
+  a one-node run's is a kernel-queue channel of the driver's server, handed to each rank's start().
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py` (ray.init, node order), `worker/worker_group.py` (one actor
 per rank, node affinity, env vars). Left out: node groups, per-method concurrency. Differs: RLinf asks Ray for no GPU.
@@ -33,7 +38,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlinf_mini.config import ConfigError
 from rlinf_mini.scheduler import faults
 from rlinf_mini.scheduler.backend import Backend, GroupRanks, RankSpec, Result
-from rlinf_mini.scheduler.ray_channel import ANSWER_S, RayQueues, channel_actor, use_numpy_for_tensors
+from rlinf_mini.scheduler.kernel_queues import MAX_BOUND, ChannelServer, KernelQueues, close_transport_resources
+from rlinf_mini.scheduler.ray_channel import (
+    ANSWER_S,
+    WEIGHTS_CHANNEL,
+    RayQueues,
+    channel_actor,
+    use_numpy_for_tensors,
+    use_weights_mailbox,
+)
 
 CPU_SHARE = 0.01  # Ray CPUs per rank: a token, so placement never waits for CPU accounting (pinning is by spec.env)
 NODE_ENV = "RLINF_MINI_RAY_NODE"  # set in every rank: the Ray node id it runs on (stages/sync.py reads it)
@@ -111,7 +124,19 @@ class RayBackend(Backend):
             raise
         use_numpy_for_tensors()
         self.groups: list[RayRanks] = []
-        self._channels = None  # the queue actor, made at the first channel
+        self._channels = None  # the queue actor, made at the first channel that needs it
+        self._channel_names: set[str] = set()
+        # every rank on the driver's node (node 0 is the driver's: _node_order): channels in kernel queues, served
+        # by this driver, and the ranks' weight mailbox among them (None: weights_mailbox() in the queue actor)
+        self.same_node_channels = cfg.num_nodes == 1  # (benchmarks set it False to measure the queue actor here)
+        self._channel_server: ChannelServer | None = None
+        self.weights_mailbox: KernelQueues | None = None
+        if self.same_node_channels:
+            self._channel_server = ChannelServer()
+            self._channel_server.create(WEIGHTS_CHANNEL, 0)  # unbounded: a notice per sync, taken at once
+            self.weights_mailbox = KernelQueues(WEIGHTS_CHANNEL, self._channel_server.address,
+                                                self._channel_server.authkey, cfg.timeout_s)
+            self._channel_names.add(WEIGHTS_CHANNEL)
 
     def _check_capacity(self, cfg, gpus_per_node: int) -> None:
         """One line, before any actor starts, when the Ray cluster lacks the nodes or GPUs the config asks for (an
@@ -138,17 +163,28 @@ class RayBackend(Backend):
         self.groups.append(ranks)
         return ranks
 
-    def channel_transport(self, name: str, maxsize: int, default_timeout: float) -> RayQueues:
+    def channel_transport(self, name: str, maxsize: int, default_timeout: float) -> KernelQueues | RayQueues:
+        if name in self._channel_names:
+            raise ValueError(f"channel {name!r} already exists")
+        if self.same_node_channels and maxsize <= MAX_BOUND:  # (a larger bound: the queue actor holds it)
+            self._channel_server.create(name, maxsize)
+            self._channel_names.add(name)
+            return KernelQueues(name, self._channel_server.address, self._channel_server.authkey, default_timeout)
         if self._channels is None:
             self._channels = channel_actor(self.nodes[0]["NodeID"])
         actor = self._channels
         if not ray.get(actor.create.remote(name, maxsize), timeout=_ANSWER_S + 60):  # the first call waits its start
             raise ValueError(f"channel {name!r} already exists")
+        self._channel_names.add(name)
         return RayQueues(name, actor, maxsize)
 
     def shutdown(self) -> None:
         # Idempotent, and never calls Ray once the session is gone: any Ray call would start a new local instance
         # (Ray's auto-init), e.g. from the second Ctrl-C, where every group's kill() ends up here.
+        if getattr(self, "_channel_server", None) is not None:  # a rank blocked in a get sees EOF and ends it
+            self._channel_server.close()
+            self._channel_server = None
+            close_transport_resources()
         if getattr(self, "_closed", False) or not ray.is_initialized():
             return
         self._closed = True
@@ -197,7 +233,7 @@ class RayRanks(GroupRanks):
         for spec, actor in zip(specs, self.actors, strict=True):
             # a Ray worker's environment is its raylet's, not the driver's: hand over the driver's fault plan
             spec.env.setdefault(faults.ENV_VAR, os.environ.get(faults.ENV_VAR, ""))
-            self._pending[actor.start.remote(pickle.dumps(spec), master)] = (0, spec.rank)
+            self._pending[actor.start.remote(pickle.dumps(spec), master, backend.weights_mailbox)] = (0, spec.rank)
 
     def submit(self, ranks: list[int], call_id: int, method: str, args: tuple, kwargs: dict) -> None:
         for r in ranks:
@@ -320,7 +356,7 @@ class _RankActor:
             s.bind((ip, 0))
             return ip, str(s.getsockname()[1])
 
-    def start(self, spec_bytes: bytes, master: tuple[str, str]) -> tuple[Result, int]:
+    def start(self, spec_bytes: bytes, master: tuple[str, str], mailbox: KernelQueues | None) -> tuple[Result, int]:
         # must stay False (tests check that pinning came first): CUDA reads CUDA_VISIBLE_DEVICES when it initializes
         cuda_before_pinning = "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized()
         spec: RankSpec = pickle.loads(spec_bytes)  # bytes, so that Ray's unpickling of the arguments imports nothing
@@ -342,6 +378,7 @@ class _RankActor:
             from rlinf_mini.scheduler.worker import build_worker
 
             use_numpy_for_tensors()
+            use_weights_mailbox(mailbox)  # (a KernelQueues unpickles without torch: kernel_queues.py imports none)
             device = torch.device("cuda:0" if spec.gpus else "cpu")
             self.worker = build_worker(spec, device, lambda timeout_s: TorchDistCollective(
                 spec.rank, spec.world_size, device, timeout_s))
@@ -360,7 +397,13 @@ class _RankActor:
     def stop(self) -> None:
         if self.worker is not None:
             worker, self.worker = self.worker, None
-            worker.close()
+            try:
+                worker.close()
+            finally:  # as a local rank does: its channel ends and shared segments (the actor stays, idle)
+                from rlinf_mini.scheduler import codec
+
+                close_transport_resources()
+                codec.close_process_resources()
 
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:

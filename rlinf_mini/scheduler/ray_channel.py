@@ -1,4 +1,5 @@
-"""The Ray backend's channel transport: keyed, bounded queues in one async actor; large items by producer-owned ref.
+"""The Ray backend's channel transport across nodes: keyed, bounded queues in one async actor; large items by
+producer-owned ref. (A one-node run's channels are the local backend's kernel queues instead: ray_backend.py.)
 
     queues = RayQueues(name, channel_actor(node_id), maxsize)   # what RayBackend.channel_transport returns
 
@@ -8,7 +9,8 @@
 - A put that knows a slot is free does not wait for the actor's answer (pipelined, `_Outbox`); its turn keeps each
   key FIFO per producer. A get is one round trip. Bound, timeouts and liveness checks are the other backends'.
 - Tensors cross Ray as numpy arrays (`use_numpy_for_tensors`), out of band in the object store. Weight sync across
-  nodes (stages/sync.py) uses the same queues (`weights_mailbox`). Costs: benchmarks/ray_backend.py (--channels).
+  nodes (stages/sync.py) uses the same queues (`weights_mailbox`; one node: the kernel queues the backend made).
+  Costs: benchmarks/ray_backend.py (--channels).
 
 RLinf counterpart: `rlinf/scheduler/channel/channel.py` + `channel_worker.py` (queues in an actor; RLinf moves the
 payloads by its workers' own send/recv). Left out: a get of several items per call (it hands a key's items to one
@@ -329,9 +331,22 @@ def channel_actor(node_id: str | None, create: bool = True):
                                  scheduling_strategy=strategy).remote()
 
 
-def weights_mailbox() -> RayQueues:
-    """Inside a rank: an unbounded channel in the run's queue actor, for weights sent to a rank on another node
-    (stages/sync.py keys it by the receiver's buffer)."""
+WEIGHTS_CHANNEL = "_weights"
+_mailbox: Any = None  # this rank's weight mailbox when its backend made one (a one-node run's kernel queues)
+
+
+def use_weights_mailbox(transport: Any) -> None:
+    """In a rank, at its start: the mailbox its backend made (None: the queue actor's, made on demand)."""
+    global _mailbox
+    _mailbox = transport
+
+
+def weights_mailbox() -> Any:
+    """Inside a rank: an unbounded channel for weights sent to a rank on another node, and for a same-node rank's
+    notice (stages/sync.py keys it by the receiver's buffer). A one-node run's is kernel queues in the driver
+    (RayBackend); else a channel in the run's queue actor, which every node reaches."""
+    if _mailbox is not None:
+        return _mailbox
     actor = channel_actor(None)
-    ray.get(actor.create.remote("_weights", 0), timeout=ANSWER_S)  # False when another rank made it: the same
-    return RayQueues("_weights", actor, 0)
+    ray.get(actor.create.remote(WEIGHTS_CHANNEL, 0), timeout=ANSWER_S)  # False when another rank made it: the same
+    return RayQueues(WEIGHTS_CHANNEL, actor, 0)
