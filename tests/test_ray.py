@@ -383,6 +383,8 @@ class TestOneGroupOnTwoNodes:
         infos = group.info().wait()
         assert [i["rank"] for i in infos] == [0, 1] and not any(i["cuda_before_pinning"] for i in infos)
         assert [i["cuda_visible"] for i in infos] == ["", ""]  # Ray's own CUDA_VISIBLE_DEVICES was replaced by ours
+        # at the driver's niceness, not Ray's 15 for its workers (both nodes are this machine: their pids are ours)
+        assert [os.getpriority(os.PRIO_PROCESS, i["pid"]) for i in infos] == [os.getpriority(os.PRIO_PROCESS, 0)] * 2
         with pytest.raises(TimeoutError, match=r"Echo\.sleep\(\) did not return from rank\(s\) \[0\] within 1 s"):
             group.execute_on(0).sleep(60).wait(timeout=1)
         pending = group.sleep(30)  # rank 1 sleeps (rank 0 is still in its sleep of 60 s)

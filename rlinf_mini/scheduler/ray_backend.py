@@ -43,6 +43,7 @@ from rlinf_mini.scheduler.ray_channel import (
     ANSWER_S,
     WEIGHTS_CHANNEL,
     RayQueues,
+    at_our_niceness,
     channel_actor,
     use_numpy_for_tensors,
     use_weights_mailbox,
@@ -226,7 +227,7 @@ class RayRanks(GroupRanks):
             # ranks, nor to another job); start() pins the placement's GPUs (Ray packs fractional shares by its own
             # rule, which could put two ranks on one GPU that the placement, and its sync path, keep apart)
             self.actors.append(_RankActor.options(
-                num_cpus=CPU_SHARE, num_gpus=spec.gpu_share, max_restarts=0,
+                num_cpus=CPU_SHARE, num_gpus=spec.gpu_share, max_restarts=0, runtime_env=at_our_niceness(),
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote())
         master = self.actors[0].rendezvous.remote()  # resolved by Ray before any start() runs
         self._watch = [a.watch.remote() for a in self.actors]
