@@ -32,7 +32,7 @@ from rlinf_mini.utils.precision import autocast
 from stages.losses import kl_penalty
 from stages.reasoning_rollout import position_ids_of
 from stages.sync import WeightBufferHandle, WeightSender
-from stages.train import compute_ppo_actor_loss
+from stages.train import build_lr_scheduler, compute_ppo_actor_loss
 
 
 def compute_grpo_token_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int
@@ -105,6 +105,7 @@ class ReasoningActorWorker(Worker):
         o = self.cfg.actor.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
                                            eps=o.adam_eps, weight_decay=o.weight_decay)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, o)
         self.sender = WeightSender() if self._rank == 0 else None
         self.global_step = 0
 
@@ -171,8 +172,10 @@ class ReasoningActorWorker(Worker):
                 if cfg.optim.clip_grad > 0:
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad)
                     totals["actor/grad_norm"] = totals.get("actor/grad_norm", 0.0) + float(grad_norm) * accum
+                totals["actor/lr"] = totals.get("actor/lr", 0.0) + self.optimizer.param_groups[0]["lr"] * accum
                 with span("optimizer_step"):
                     self.optimizer.step()
+                    self.lr_scheduler.step()
         self.model.eval()
         sums = self.all_reduce(torch.tensor([float(b["rewards"].sum()), float(n), float(mask.sum())],
                                             device=self.device))
@@ -220,12 +223,14 @@ class ReasoningActorWorker(Worker):
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     def save_checkpoint(self, path: str) -> None:
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, path)
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "lr_scheduler": self.lr_scheduler.state_dict()}, path)
 
     def load_checkpoint(self, path: str) -> None:
         state = torch.load(path, map_location=self.device, weights_only=False)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scheduler.load_state_dict(state["lr_scheduler"])
 
     def close(self) -> None:
         if getattr(self, "sender", None) is not None:

@@ -93,10 +93,31 @@ def _raise_if_not_finite(loss_finite: bool, grad_norm: float, where: str) -> boo
     return True
 
 
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim) -> torch.optim.lr_scheduler.LambdaLR:
+    """actor.optim's schedule as RLinf's FSDP actor builds it (`get_lr_scheduler`): linear warmup from 0 over
+    lr_warmup_steps (-1: lr_warmup_steps_ratio x total_training_steps), then 'constant', or 'cosine' down to the
+    floor over total_training_steps (transformers' schedule). Stepped after every optimizer step; its state goes in
+    the checkpoint."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    total = optim.total_training_steps
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total)
+    if optim.lr_scheduler == "cosine":
+        from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+        # the floor as a share of lr: transformers divides min_lr by optimizer.defaults["lr"], which is AdamW's own
+        # 1e-3 when every param group brings its lr (the embodied actor's lr / value_lr groups)
+        rate = optim.min_lr_rate if optim.min_lr_rate is not None else optim.min_lr / optim.lr
+        return get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, total, optim.num_cycles,
+                                                           min_lr_rate=rate)
+    return LambdaLR(optimizer, lambda step: step / max(1.0, warmup) if step < warmup else 1.0)
+
+
 def update_policy(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: dict, cfg: TrainConfig, *,
                   global_step: int = 0, rank: int = 0, world_size: int = 1,
                   average_gradients: Callable[[], None] = lambda: None,
                   step_is_finite: Callable[[bool, float, str], bool] = _raise_if_not_finite,
+                  lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                   ) -> tuple[dict[str, float], int]:
     """`update_epoch` passes over this rank's flat samples [N, ...], one optimizer step per global_batch_size / W.
 
@@ -134,11 +155,14 @@ def update_policy(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, fla
                 skipped += 1
                 continue
             step_metrics.append(("actor/grad_norm", float(grad_norm) * accum))
+            step_metrics.append(("actor/lr", optimizer.param_groups[0]["lr"] * accum))  # the lr of this step
             for k, v in step_metrics:
                 totals[k] = totals.get(k, 0.0) + v
             count += accum
             with span("optimizer_step"):
                 optimizer.step()
+                if lr_scheduler is not None:
+                    lr_scheduler.step()
     return {k: v / count for k, v in totals.items()}, skipped
 
 
@@ -163,6 +187,7 @@ class ActorWorker(Worker):
             groups.append({"params": self.policy.value_parameters(), "lr": optim.value_lr})
         self.optimizer = torch.optim.AdamW(groups, betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps,
                                            weight_decay=optim.weight_decay)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, optim)
         self.sender = WeightSender() if self._rank == 0 else None
         algo = self.cfg.algorithm  # the reference policy of the KL penalties: the initial weights, frozen
         wants_ref = algo.kl_beta > 0 or (algo.adv_type == "reinpp" and algo.reinpp_kl_beta > 0)
@@ -219,7 +244,8 @@ class ActorWorker(Worker):
         flat = flatten_batch(self.batch)
         means, skipped = update_policy(self.policy, self.optimizer, flat, self.cfg, global_step=self.global_step,
                                        rank=self._rank, world_size=self._world_size,
-                                       average_gradients=self._average_gradients, step_is_finite=self._step_is_finite)
+                                       average_gradients=self._average_gradients, step_is_finite=self._step_is_finite,
+                                       lr_scheduler=self.lr_scheduler)
         keys = sorted(means)
         result = torch.tensor([means[k] for k in keys], dtype=torch.float32, device=self.device)  # nccl: on the GPU
         result = self.all_reduce(result) / self._world_size
@@ -273,14 +299,15 @@ class ActorWorker(Worker):
         if not all(bool(torch.isfinite(p).all()) for p in self.policy.parameters()):
             raise NonFiniteError(f"step {self.global_step}: the parameters hold NaN/inf; no checkpoint written")
         os.makedirs(folder, exist_ok=True)
-        torch.save({"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()},
-                   os.path.join(folder, "actor.pt"))
+        torch.save({"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "lr_scheduler": self.lr_scheduler.state_dict()}, os.path.join(folder, "actor.pt"))
         self.policy.save_pretrained(os.path.join(folder, "model"))
 
     def load_checkpoint(self, folder: str) -> None:
         state = torch.load(os.path.join(folder, "actor.pt"), map_location=self.device, weights_only=True)
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scheduler.load_state_dict(state["lr_scheduler"])
 
     def get_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}

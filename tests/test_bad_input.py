@@ -108,8 +108,12 @@ def corpus() -> list[Bad]:
             if value != 0 and path.startswith(("actor", "runner")):  # the same check, reached from the command line
                 cases.append(Bad(f"cli_size:{path}={value}", ["--" + path.replace("_", "-"), str(value)], path))
     for path, value in [("algorithm.gamma", 1.5), ("algorithm.gae_lambda", 2.0), ("actor.optim.adam_beta1", 1.0),
-                        ("actor.optim.adam_beta2", -0.1), ("algorithm.clip_ratio_low", 1.5)]:
+                        ("actor.optim.adam_beta2", -0.1), ("algorithm.clip_ratio_low", 1.5),
+                        ("actor.optim.lr_warmup_steps", -2), ("actor.optim.lr_warmup_steps_ratio", 1.0),
+                        ("actor.optim.min_lr", -1e-4), ("actor.optim.min_lr_rate", 1.5)]:
         cases.append(Bad(f"range:{path}={value}", [], path, sections=_nested(path, value)))
+    cases.append(Bad("cosine_without_total", [], "actor.optim.total_training_steps",  # it decays over nothing
+                     sections={"actor": {"optim": {"lr_scheduler": "cosine"}}}))
     # 4. placement strings and devices
     for i, bad in enumerate(["0-", "-1", "a", "3-1", "0,,1", "0-1-2", "0:", ":0", "0-1:", "1.5", "0 1", "all-1",
                              "0:0-", "0-1:a", "0x1", "", "0-1:3-1", "#"]):

@@ -351,3 +351,45 @@ def test_update_policy_stops_on_a_non_finite_loss():
     flat["advantages"][0] = float("nan")
     with pytest.raises(stages.train.NonFiniteError):
         update_policy(policy, torch.optim.SGD(policy.parameters(), lr=0.01), flat, update_cfg(24, 1))
+
+
+def _lrs_along(optim, steps: int, base_lr: float = 0.1) -> list[float]:
+    """The lr of each of `steps` optimizer steps under build_lr_scheduler, two groups (lr and value_lr) at once."""
+    from stages.train import build_lr_scheduler
+
+    w = torch.nn.Parameter(torch.zeros(1))
+    v = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([{"params": [w], "lr": base_lr}, {"params": [v], "lr": base_lr / 2}])
+    sched = build_lr_scheduler(opt, optim)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        assert opt.param_groups[1]["lr"] == pytest.approx(out[-1] / 2)  # every group scaled alike
+        opt.step()
+        sched.step()
+    return out
+
+
+@pytest.mark.parametrize("warmup,ratio,floor", [(3, 0.0, {"min_lr_rate": 0.1}), (-1, 0.2, {"min_lr": 0.02}),
+                                                (0, 0.0, {})])
+def test_cosine_schedule_is_rlinfs(warmup, ratio, floor):
+    """RLinf's FSDP actor (get_lr_scheduler 'cosine' = transformers' cosine-with-min-lr): linear warmup from 0, then
+    a half cosine from lr to the floor over total_training_steps; written out here step by step."""
+    from rlinf_mini.config.schema import OptimConfig
+
+    total, lr = 10, 0.1
+    optim = OptimConfig(lr=lr, lr_scheduler="cosine", lr_warmup_steps=warmup, lr_warmup_steps_ratio=ratio,
+                        total_training_steps=total, **floor)
+    w = warmup if warmup >= 0 else int(ratio * total)
+    rate = floor.get("min_lr_rate", floor.get("min_lr", 0.0) / lr)
+    expected = [lr * s / w if s < w else
+                lr * (rate + (1 - rate) * 0.5 * (1 + math.cos(math.pi * (s - w) / (total - w)))) for s in range(total)]
+    assert _lrs_along(optim, total, lr) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert _lrs_along(optim, total + 1, lr)[-1] == pytest.approx(lr * rate)  # the floor at total_training_steps
+
+
+def test_constant_schedule_warms_up_then_holds():
+    from rlinf_mini.config.schema import OptimConfig
+
+    assert _lrs_along(OptimConfig(), 4) == [0.1] * 4  # the default: no schedule at all
+    assert _lrs_along(OptimConfig(lr_warmup_steps=4), 6) == pytest.approx([0.0, 0.025, 0.05, 0.075, 0.1, 0.1])

@@ -338,10 +338,12 @@ def test_chunks_must_split_evenly_over_the_actor_ranks():
 
 
 def test_two_steps_resume_two_steps_equal_four_straight_bitwise(tiny):
-    """runners/base.py's checkpoint for the reasoning half: weights, optimizer, loader, RNG state (rng.pt)."""
+    """runners/base.py's checkpoint for the reasoning half: weights, optimizer, lr schedule, loader, RNG state
+    (rng.pt)."""
     tmp, _, _, _ = tiny
     model, one = str(tmp / "model"), {"actor": "0", "rollout,reward": "1"}
-    every = ("--runner.save-interval", "2")
+    every = ("--runner.save-interval", "2", "--actor.optim.lr-scheduler", "cosine",
+             "--actor.optim.total-training-steps", "8")  # 2 optimizer steps a step; resumed, it picks up where it was
     dir_s, hist_s = run(tmp, model, "four_straight", 4, one, *every)
     dir_r, hist_half = run(tmp, model, "two_and_two", 2, one, *every)
     _, hist_rest = run(tmp, model, "two_and_two", 4, one, *every, "--runner.resume-dir", "auto")
@@ -350,6 +352,9 @@ def test_two_steps_resume_two_steps_equal_four_straight_bitwise(tiny):
     logged = [{k: v for k, v in h.items() if not k.startswith(("time/", "sync/")) and k != "rollout/tokens_per_s"}
               for h in hist_half + hist_rest]
     assert [h["step"] for h in logged] == [1, 2, 3, 4]
+    lrs = [h["train/actor/lr"] for h in logged]
+    assert lrs[0] < load_config(["--config", CONFIG]).actor.optim.lr and lrs == sorted(lrs, reverse=True)
+    assert len(set(lrs)) == 4  # the mean lr of each step's two optimizer steps, down the cosine
     assert logged == [{k: v for k, v in h.items() if k in logged[0]} for h in hist_s]
     a = torch.load(dir_s / "checkpoints/global_step_4/actor.pt", weights_only=True)
     b = torch.load(dir_r / "checkpoints/global_step_4/actor.pt", weights_only=True)

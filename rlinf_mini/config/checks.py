@@ -9,6 +9,28 @@ from rlinf_mini.config.schema import PRECISIONS, ConfigError, TrainConfig
 from rlinf_mini.config.schema_embodied import EnvSplitConfig
 
 
+def check_lr_schedule(cfg: TrainConfig, source: str) -> None:
+    """actor.optim's schedule keys (both halves)."""
+    o = cfg.actor.optim
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{source}: actor.optim.{key}: {msg}")
+
+    if o.lr_scheduler not in ("constant", "cosine"):
+        fail("lr_scheduler", f"must be 'constant' or 'cosine', got {o.lr_scheduler!r}")
+    if o.lr_scheduler == "cosine" and o.total_training_steps <= 0:
+        fail("total_training_steps", f"'cosine' decays over it: must be positive, got {o.total_training_steps} "
+                                     "(RLinf's examples: ${runner.max_epochs})")
+    if o.lr_warmup_steps < -1:
+        fail("lr_warmup_steps", f"must be >= 0 (or -1: lr_warmup_steps_ratio decides), got {o.lr_warmup_steps}")
+    if not 0 <= o.lr_warmup_steps_ratio < 1:
+        fail("lr_warmup_steps_ratio", f"must be in [0, 1), got {o.lr_warmup_steps_ratio}")
+    if o.min_lr < 0:
+        fail("min_lr", f"must be >= 0, got {o.min_lr}")
+    if o.min_lr_rate is not None and not 0 <= o.min_lr_rate <= 1:
+        fail("min_lr_rate", f"must be in [0, 1] (a share of lr), got {o.min_lr_rate}")
+
+
 def validate_config(cfg: TrainConfig, source: str) -> None:
     """Checks that need no knowledge of the devices: signs, sizes, and arithmetic within one section."""
 
@@ -77,6 +99,7 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         if getattr(cfg.runner, key) < -1:
             fail(f"runner.{key}", f"must be >= -1 (-1 = off), got {getattr(cfg.runner, key)}")
     optim = cfg.actor.optim
+    check_lr_schedule(cfg, source)
     if optim.weight_decay < 0:
         fail("actor.optim.weight_decay", f"must be >= 0, got {optim.weight_decay}")
     for key in ("adam_beta1", "adam_beta2"):
@@ -212,6 +235,7 @@ def validate_reasoning_config(cfg: TrainConfig, source: str) -> None:
         raise ConfigError(f"{source}: {key}: {msg}")
 
     algo, data, sampling = cfg.algorithm, cfg.data, cfg.algorithm.sampling_params
+    check_lr_schedule(cfg, source)
     if cfg.cluster.threads_per_device < 1:
         fail("cluster.threads_per_device", f"must be >= 1, got {cfg.cluster.threads_per_device}")
     if algo.adv_type != "grpo":

@@ -237,6 +237,22 @@ class OptimConfig:
     """AdamW weight decay."""
     clip_grad: float = 0.5
     """Clip the global gradient norm to this value (<= 0 disables)."""
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    """RLinf's (FSDP actor): 'constant' (after the warmup), or 'cosine' from lr down to min_lr over
+    total_training_steps (transformers' get_cosine_with_min_lr_schedule_with_warmup). Stepped once per optimizer
+    step, as RLinf's default (lr_sched_sync_with_optim); every group's lr (lr, value_lr) is scaled alike."""
+    lr_warmup_steps: int = -1
+    """Optimizer steps of linear warmup from 0; -1: lr_warmup_steps_ratio x total_training_steps (RLinf's)."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warmup as a share of total_training_steps when lr_warmup_steps is -1."""
+    total_training_steps: int = 0
+    """Optimizer steps the cosine spans (RLinf's examples: ${runner.max_epochs}); 'cosine' needs it > 0."""
+    min_lr: float = 0.0
+    """The cosine's floor for lr (ignored when min_lr_rate is set); value_lr's floor is scaled alike."""
+    min_lr_rate: float | None = None
+    """The cosine's floor as a share of lr (None: min_lr decides)."""
+    num_cycles: float = 0.5
+    """Cosine cycles over the decay (0.5: one half-wave, lr to the floor at the end)."""
 
 
 @dataclass
