@@ -12,9 +12,10 @@
 - Channels, by one rule: a one-node run (cluster.num_nodes 1: every rank pinned to the driver's node) uses the local
   backend's kernel queues (kernel_queues.py: a ChannelServer in the driver, socketpairs handed to each rank's actor
   process, large tensors through the codec's shared memory), which no Ray call is in; a run on more nodes uses the
-  queue actor (scheduler/ray_channel.py), which every node reaches. (embodied_mlp's step, ray / local: 0.28 through
-  the queue actor; benchmarks/ray_backend.py --step.) The same rule picks the ranks' weight mailbox (stages/sync.py):
-  a one-node run's is a kernel-queue channel of the driver's server, handed to each rank's start().
+  queue actor (scheduler/ray_channel.py), which every node reaches. (embodied_mlp's whole step, ray / local: 0.28
+  through the queue actor, 1.23 [0.94-1.44] this way, under load: benchmarks/ray_backend.py --step.) The same rule
+  picks the ranks' weight mailbox (stages/sync.py): a one-node run's is a kernel-queue channel of the driver's
+  server, handed to each rank's start(). Rank actors run at the driver's niceness (ray_channel.at_our_niceness).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py` (ray.init, node order), `worker/worker_group.py` (one actor
 per rank, node affinity, env vars). Left out: node groups, per-method concurrency. Differs: RLinf asks Ray for no GPU.
