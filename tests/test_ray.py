@@ -435,3 +435,30 @@ def test_weight_sync_remote_and_same_node_paths_and_timeout(two_nodes, monkeypat
         sender.close()
         receiver.close()
     assert alive_actors() == ["_ChannelActor"]  # the mailbox, made here; the cluster's shutdown removes it
+
+
+def test_one_node_kernel_queues_a_killed_rank_ends_the_wait_and_leaves_nothing(ray_cluster):
+    """One node: the channel is the kernel queues (the same-node fast path); a large tensor goes through the rank's
+    shared segments, a kill -9 of the rank ends the driver's get (the death, not the timeout), and after the shutdown
+    no actor and no segment of the run is left."""
+    from rlinf_mini.scheduler import shm
+    from rlinf_mini.scheduler.kernel_queues import KernelQueues
+
+    c = Cluster(ClusterConfig(backend="ray", num_devices=1, timeout_s=20))
+    try:
+        group = launch_echo(c, "0", 1, "Echo")
+        pid = group.info().wait()[0]["pid"]
+        channel = Channel.create("fast", c, maxsize=2)
+        assert isinstance(channel.transport, KernelQueues)
+        big = torch.arange(100_000, dtype=torch.float32)  # 400 KB: through a shared segment of the rank's pool
+        group.produce(channel, [big, {"small": 1}], "k").wait()
+        assert torch.equal(channel.get(key="k", timeout=20), big) and channel.get(key="k", timeout=20) == {"small": 1}
+        assert list(shm.SHM_DIR.glob(f"{shm.PREFIX}{c.run_id}_*"))  # the rank's segment (the check can fail)
+        os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=rf"Echo rank 0 \(pid {pid}\) died with Ray actor died"):
+            channel.get(key="never", timeout=20)
+        assert time.monotonic() - start < 20
+    finally:
+        c.shutdown()
+    assert list(shm.SHM_DIR.glob(f"{shm.PREFIX}{c.run_id}_*")) == []
