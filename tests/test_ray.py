@@ -4,8 +4,10 @@ ray with 2 nodes (actor rank 0 on node 0, env and rollout on node 1: the cross-n
 all-reduce across the nodes), and so are the shipped configs' first step; ranks ask Ray for their GPU share, and a
 config that needs more GPUs than the cluster has is one line before any actor starts; a kill -9, an exception, a
 hang and a failed constructor are reported as on local; channels through the queue actor, with pipelined puts (order,
-bound and timeouts kept; a producer killed with puts in flight hangs no consumer). After every test no actor of ours
-is alive (Ctrl-C: test_ray_ctrl_c.py; a cluster started outside the run: test_ray_outside.py)."""
+bound and timeouts kept; a producer killed with puts in flight hangs no consumer) across nodes, through the kernel
+queues on one node (a killed rank ends the driver's get and leaves no segment); rank actors at the driver's
+niceness. After every test no actor of ours is alive (Ctrl-C: test_ray_ctrl_c.py; a cluster started outside the run:
+test_ray_outside.py)."""
 
 from __future__ import annotations
 
