@@ -6,10 +6,10 @@
 A chunk is `algorithm.rollout_batch_size_per_gpu` prompts, each repeated `group_size` times (a group's responses are
 consecutive). Prompts are left-padded to the chunk's longest (pad tokens get attention_mask 0 and the position ids
 restart at 0 on the first real token), then one forward pass fills the KV cache and each new token costs one step.
-Three things HF `generate` does not do make it faster (benchmarks/reasoning_generation.py): a group's G copies of a
-prompt share one prefill (its cache rows copied G times, as SGLang / vLLM's prefix cache does), the cache is written
-in place in a buffer allocated once (no per-layer concatenation each token), and a row that emitted <eos> leaves the
-batch, so later steps compute only the rows still generating.
+What HF `generate` does not do makes it faster (benchmarks/reasoning_generation.py): a group's G copies of a prompt
+share one prefill (its cache rows copied G times, as SGLang / vLLM's prefix cache does), the cache is written in place
+in a buffer allocated once, a row that emitted <eos> leaves the batch (later steps compute only the rows still
+generating), and the output head runs in cache-sized vocabulary slices on a CPU (last_logits), without autograd.
 Result per chunk (N = prompts x G responses): prompt_ids [N, P] (left-padded), prompt_mask [N, P], response_ids
 [N, R] (right-padded after <eos>), response_mask [N, R] (1 up to and including <eos>), logprobs [N, R] under
 softmax(logits / temperature), version, answers, first_sample_id.
@@ -28,6 +28,7 @@ import inspect
 import time
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
 from rlinf_mini.config import ReasoningSamplingParams, max_new_tokens
@@ -105,6 +106,20 @@ class _InPlaceLayer(DynamicLayer):
             self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
 
 
+def last_logits(model, hidden: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """hidden [A, H] (each live row's last position, after the final norm) -> logits [A, V] by the model's output
+    head, `chunk` vocabulary rows at a time on a CPU. Why: with a big vocabulary (SmolLM2: 49152 x 576, 113 MB) and
+    a few rows, one MKL GEMM repacks the whole weight through memory every token (~70 ms for 16 rows on one core,
+    measured); 512-row slices pack in cache (~45 ms). Each logit is the same dot product (bitwise here; the tests
+    check it against the plain head)."""
+    head = model.get_output_embeddings()  # nn.Linear [V, H]: the causal LMs here (GPT-2, Llama) compute head(hidden)
+    if hidden.device.type != "cpu" or head.weight.shape[0] <= chunk:
+        return head(hidden)
+    w, b = head.weight, head.bias
+    return torch.cat([F.linear(hidden, w[i:i + chunk], None if b is None else b[i:i + chunk])
+                      for i in range(0, w.shape[0], chunk)], dim=-1)
+
+
 def unique_rows(prompt_ids: list[list[int]]) -> tuple[list[int], torch.Tensor]:
     """(the first row of each distinct prompt, [N]: each row's index among those): a group's G copies of a prompt
     are prefilled once and their cache rows copied, as SGLang / vLLM's prefix caching does."""
@@ -116,15 +131,22 @@ def unique_rows(prompt_ids: list[list[int]]) -> tuple[list[int], torch.Tensor]:
     return rows, torch.tensor(inverse)
 
 
-@torch.no_grad()
 def generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, sampling: ReasoningSamplingParams,
              max_new: int, pad_id: int, eos_id: int, seed: int, greedy: bool = False) -> dict[str, torch.Tensor]:
     """Sample one response per prompt (repeat prompts for groups). sample_ids [N]: each response's global id, the
     stream of its noise. Stops at <eos> or after max_new tokens; returns the tensors of the module docstring.
 
     Where it differs from HF `generate` for speed: identical prompts are prefilled once (unique_rows), the KV cache
-    is written in place (_InPlaceLayer), and a row that emitted <eos> leaves the batch (its cache rows are dropped),
-    so later steps compute only the rows still generating."""
+    is written in place (_InPlaceLayer), a row that emitted <eos> leaves the batch (its cache rows are dropped), so
+    later steps compute only the rows still generating, and the body runs without its head: logits are computed
+    for the live rows' last positions only, in slices (last_logits)."""
+    with torch.inference_mode():  # no autograd bookkeeping per op; the results are cloned out of inference mode
+        out = _generate(model, prompt_ids, sample_ids, sampling, max_new, pad_id, eos_id, seed, greedy)
+    return {k: v.cpu().clone() for k, v in out.items()}
+
+
+def _generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, sampling: ReasoningSamplingParams,
+              max_new: int, pad_id: int, eos_id: int, seed: int, greedy: bool) -> dict[str, torch.Tensor]:
     device = next(model.parameters()).device
     input_ids, attention_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))  # [N, P]
     n, width = input_ids.shape
@@ -133,12 +155,13 @@ def generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, sampl
     firsts, inverse = unique_rows(prompt_ids)  # [U], [N]
     inverse = inverse.to(device)
     # transformers 5 names the KV cache `cache`; 4.x named it `past_key_values`
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_kw = "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
     layers = model.config.get_text_config().num_hidden_layers
     cache = Cache(layers=[_InPlaceLayer(width + max_new) for _ in range(layers)])
-    out = model(input_ids=input_ids[firsts], attention_mask=attention_mask[firsts], position_ids=positions[firsts],
-                use_cache=True, logits_to_keep=1, **{cache_kw: cache})
-    cache, logits = out[cache_kw], out.logits[:, -1][inverse]  # [N, V]
+    body = model.base_model  # the transformer without its output head: logits only where a token is drawn
+    out = body(input_ids=input_ids[firsts], attention_mask=attention_mask[firsts], position_ids=positions[firsts],
+               use_cache=True, **{cache_kw: cache})
+    cache, logits = out[cache_kw], last_logits(model, out.last_hidden_state[:, -1])[inverse]  # [N, V]
     if len(firsts) < n:
         cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
     next_pos = positions[:, -1] + 1  # [N]
@@ -168,13 +191,12 @@ def generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, sampl
             rows, token, next_pos, attention_mask = rows[keep], token[keep], next_pos[keep], attention_mask[keep]
             cache.batch_select_indices(keep)
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)  # [A, P+t+1]
-        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
-                    use_cache=True, **{cache_kw: cache})
-        cache, logits = out[cache_kw], out.logits[:, -1]
+        out = body(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
+                   use_cache=True, **{cache_kw: cache})
+        cache, logits = out[cache_kw], last_logits(model, out.last_hidden_state[:, -1])
         next_pos = next_pos + 1
-    return {"prompt_ids": input_ids.cpu(), "prompt_mask": prompt_mask.cpu(),
-            "response_ids": tokens[:, :steps].cpu(), "response_mask": masks[:, :steps].long().cpu(),
-            "logprobs": logprobs[:, :steps].cpu()}
+    return {"prompt_ids": input_ids, "prompt_mask": prompt_mask, "response_ids": tokens[:, :steps],
+            "response_mask": masks[:, :steps].long(), "logprobs": logprobs[:, :steps]}
 
 
 class ReasoningRolloutWorker(Worker):

@@ -1,6 +1,6 @@
 """The rollout's fast paths against oracles: a group's shared prefill (one prefill per distinct prompt), the in-place
-KV cache and the early stop of finished rows give, row by row, what a plain loop without cache, padding or batch
-gives (tokens, and log-probs to 1e-5). Their speed is benchmarks/reasoning_generation.py's."""
+KV cache, the early stop of finished rows and the sliced output head give, row by row, what a plain loop without
+cache, padding or batch gives (tokens, and log-probs to 1e-5). Their speed is benchmarks/reasoning_generation.py's."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from conftest import ROOT
 
 from rlinf_mini.config import ReasoningSamplingParams, load_config
 from rlinf_mini.models.make_tiny_lm import create_tiny_lm
-from rlinf_mini.models.tiny_lm import load_causal_lm
+from rlinf_mini.models.tiny_lm import load_causal_lm, tiny_gpt2
 from rlinf_mini.utils.seeding import counter_uniform
-from stages.reasoning_rollout import generate, unique_rows
+from stages.reasoning_rollout import generate, last_logits, unique_rows
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +79,23 @@ def test_the_same_rows_alone_or_in_a_group_give_the_same_responses(lm):
         n = alone["response_ids"].shape[1]
         assert shared["response_ids"][i, :n].tolist() == alone["response_ids"][0].tolist()
         torch.testing.assert_close(shared["logprobs"][i, :n], alone["logprobs"][0], atol=1e-5, rtol=0)
+
+
+def test_the_sliced_output_head_gives_the_heads_logits_and_generation_the_plain_loops():
+    """A vocabulary of 1500 > the 512-row slices of last_logits (as SmolLM2's 49152 is): the logits are the head's,
+    and generate's responses the plain loop's, which runs the whole model with its own head."""
+    model = tiny_gpt2(vocab_size=1500, hidden_dim=32, num_layers=2, n_positions=64, seed=3).eval()
+    hidden = torch.randn(5, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(last_logits(model, hidden), model.lm_head(hidden), atol=1e-6, rtol=0)
+        # a slice size that does not divide the vocabulary: the last slice is short
+        torch.testing.assert_close(last_logits(model, hidden, chunk=700), model.lm_head(hidden), atol=1e-6, rtol=0)
+    rows = [[5, 9, 200], [1400, 3], [5, 9, 200], [77, 78, 79, 80]]
+    ids = torch.tensor([3, 4, 5, 6])
+    out = generate(model, rows, ids, ReasoningSamplingParams(temperature=0.7), 6, 0, 1, seed=4)
+    for i, p in enumerate(rows):
+        tokens, logps = plain_loop(model, p, int(ids[i]), 4, 0.7, 6, 1)
+        n = len(tokens)
+        assert out["response_ids"][i, :n].tolist() == tokens
+        torch.testing.assert_close(out["logprobs"][i, :n], torch.tensor(logps), atol=1e-5, rtol=0)
+    assert not out["logprobs"].is_inference()  # made under inference_mode, handed out as ordinary tensors
