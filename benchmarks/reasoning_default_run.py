@@ -33,6 +33,7 @@ from pathlib import Path
 
 CONFIG = "configs/math.yaml"
 TARGET = 0.8  # the time-to figure
+GOAL = 0.85  # issue 23's: held-out >= 0.85 within 5 minutes; its time-to is reported too
 _EVAL_LINE = re.compile(r"^step (\d+) \|.*eval/accuracy ([0-9.]+)")
 
 
@@ -68,10 +69,12 @@ def train(folder: Path, *extra: str, config: str = CONFIG) -> dict:
     rows = [json.loads(ln) for ln in (folder / "math/metrics.jsonl").read_text().splitlines()]
     curve = [(r["step"], round(r["eval/accuracy"], 4)) for r in rows if "eval/accuracy" in r]
     reached = [(step, s) for step, acc, s in seen if acc >= TARGET]
+    goal = [(step, s) for step, acc, s in seen if acc >= GOAL]
     return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "eval_accuracy_curve": curve, "start": curve[0][1],
             "final": curve[-1][1], "best": max(a for _, a in curve),
             "time_to_target_s": round(reached[0][1], 1) if reached else None,
             "step_to_target": reached[0][0] if reached else None,
+            "time_to_goal_s": round(goal[0][1], 1) if goal else None, "step_to_goal": goal[0][0] if goal else None,
             "learning_curve_png": str(folder / "math/learning_curve.png")}
 
 
@@ -81,11 +84,16 @@ def summary(runs: list[dict]) -> dict:
     times = [r["time_to_target_s"] for r in runs]
     out = {"seeds": len(runs), "final_mean": round(statistics.mean(finals), 4), "final_min": min(finals),
            "final_max": max(finals), "runs_reaching_target": sum(t is not None for t in times),
+           "runs_reaching_goal": sum(r["time_to_goal_s"] is not None for r in runs),
            "wall_s_max": max(r["wall_s"] for r in runs),
            "cpu_s_mean": round(statistics.mean(r["cpu_s"] for r in runs), 1)}
     if all(t is not None for t in times):
         out |= {"time_to_target_s_mean": round(statistics.mean(times), 1), "time_to_target_s_min": min(times),
                 "time_to_target_s_max": max(times)}
+    goal_times = [r["time_to_goal_s"] for r in runs]
+    if all(t is not None for t in goal_times):
+        out |= {"time_to_goal_s_mean": round(statistics.mean(goal_times), 1), "time_to_goal_s_min": min(goal_times),
+                "time_to_goal_s_max": max(goal_times)}
     return out
 
 
@@ -100,6 +108,10 @@ def rows_of(s: dict) -> list:
         rows.append(Row(f"default reasoning run, wall s to held-out {TARGET} ({s['seeds']} seeds)", "s",
                         s["time_to_target_s_mean"], ratio=s["time_to_target_s_max"], ratio_of="max", target="<= 300",
                         note=f"range {s['time_to_target_s_min']:.0f}-{s['time_to_target_s_max']:.0f} s"))
+    if "time_to_goal_s_mean" in s:
+        rows.append(Row(f"default reasoning run, wall s to held-out {GOAL} ({s['seeds']} seeds)", "s",
+                        s["time_to_goal_s_mean"], ratio=s["time_to_goal_s_max"], ratio_of="max", target="<= 300",
+                        note=f"range {s['time_to_goal_s_min']:.0f}-{s['time_to_goal_s_max']:.0f} s"))
     return rows
 
 
@@ -130,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                         config=args.config)
             report["runs"].append({"seeds": seeds, **run})
             print(f"seed {seeds}: eval/accuracy {run['start']:.3f} -> {run['final']:.3f} (best {run['best']:.3f}), "
-                  f"{TARGET} at {run['time_to_target_s']} s (step {run['step_to_target']}), wall {run['wall_s']} s, "
+                  f"{TARGET} at {run['time_to_target_s']} s (step {run['step_to_target']}), {GOAL} at "
+                  f"{run['time_to_goal_s']} s (step {run['step_to_goal']}), wall {run['wall_s']} s, "
                   f"CPU {run['cpu_s']} s", flush=True)
             if i == 0 and args.keep:
                 Path(args.keep).parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         report["loadavg_after"] = f.read().split()[:3]
     report["summary"] = s = summary(report["runs"])
     print(f"final held-out exact match {s['final_mean']:.3f} mean, {s['final_min']:.3f}-{s['final_max']:.3f} over "
-          f"{s['seeds']} seeds; {s['runs_reaching_target']}/{s['seeds']} reach {TARGET}"
+          f"{s['seeds']} seeds; {s['runs_reaching_goal']}/{s['seeds']} reach {GOAL}, "
+          f"{s['runs_reaching_target']}/{s['seeds']} reach {TARGET}"
           + (f", at {s['time_to_target_s_mean']:.0f} s mean ({s['time_to_target_s_min']:.0f}-"
              f"{s['time_to_target_s_max']:.0f} s)" if "time_to_target_s_mean" in s else ""))
     if "control_permuted_rewards" in report:

@@ -19,6 +19,7 @@ from rlinf_mini.models.make_tiny_lm import create_tiny_lm, warm_start_examples
 from rlinf_mini.models.tiny_lm import build_char_tokenizer, load_causal_lm
 from rlinf_mini.train import ReasoningRunPlan, build_and_run, main
 from stages.losses import KL_PENALTY_TYPES
+from stages.reasoning_reward import math_reward
 from stages.reasoning_rollout import generate, sample_tokens
 from stages.reasoning_train import (
     ReasoningActorWorker,
@@ -243,8 +244,10 @@ def test_the_reference_model_is_frozen_and_train_kl_is_its_distance(tiny):
         actor.close()
 
 
-def test_arithmetic_files_and_a_resumable_loader(tmp_path):
-    cfg = load_config(small_argv(tmp_path, str(tmp_path / "m")))
+@pytest.mark.parametrize("zero_pad", [True, False])
+def test_arithmetic_files_and_a_resumable_loader(tmp_path, zero_pad):
+    cfg = load_config(small_argv(tmp_path, str(tmp_path / "m"), *(["--data.arithmetic.zero-pad"] if zero_pad else
+                                                                   ["--data.arithmetic.no-zero-pad"])))
     write_arithmetic_jsonl(cfg.data, tmp_path / "train.jsonl", tmp_path / "val.jsonl")
     train = [json.loads(ln) for ln in (tmp_path / "train.jsonl").read_text().splitlines()]
     val = [json.loads(ln) for ln in (tmp_path / "val.jsonl").read_text().splitlines()]
@@ -254,8 +257,12 @@ def test_arithmetic_files_and_a_resumable_loader(tmp_path):
     warm_prompts, warm_answers = warm_start_examples(cfg, build_char_tokenizer())  # what the warm start reads
     assert len(warm_prompts) == 512 and not set(warm_prompts) & (held_out | swapped)
     assert warm_answers[0] == train[0]["solutions"][0]
-    a, b = map(int, train[0]["prompt"][:-1].split("+"))
-    assert train[0]["solutions"] == [str(a + b)]
+    for row in train + val:
+        a, b = map(int, row["prompt"][:-1].split("+"))
+        want = f"{a + b:03d}" if zero_pad else str(a + b)
+        assert row["solutions"] == [want] and math_reward(str(a + b), row["solutions"]) == 1.0  # '052' is 52
+        assert (row["prompt"] == f"{a:02d}+{b:02d}=") if zero_pad else (row["prompt"] == f"{a}+{b}=")
+    assert all(len(r["prompt"]) == 6 for r in train) == zero_pad  # as written, some operand has one digit
     loader = PromptLoader(100, 16, shuffle=True, seed=3)
     straight = [loader.next_batch() for _ in range(14)]  # crosses an epoch (6 batches of 16 per 100 prompts)
     again = PromptLoader(100, 16, shuffle=True, seed=3)

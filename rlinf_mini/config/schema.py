@@ -246,7 +246,9 @@ class OptimConfig:
     lr_warmup_steps_ratio: float = 0.0
     """Warmup as a share of total_training_steps when lr_warmup_steps is -1."""
     total_training_steps: int = 0
-    """Optimizer steps the cosine spans (RLinf's examples: ${runner.max_epochs}); 'cosine' needs it > 0."""
+    """Optimizer steps the cosine spans; 'cosine' needs it > 0. RLinf's examples write ${runner.max_epochs}: that
+    follows a `runner.max_epochs=N` override (resolved with the file), not a `--runner.max-epochs N` flag (applied
+    to the resolved config): with the flag, set this too."""
     min_lr: float = 0.0
     """The cosine's floor for lr (ignored when min_lr_rate is set); value_lr's floor is scaled alike."""
     min_lr_rate: float | None = None

@@ -33,6 +33,11 @@ class ArithmeticDataConfig:
     """rlinf_mini: seed of the generated problems."""
     few_shot: int = 0
     """rlinf_mini: start each prompt with this many solved problems, one per line (for pretrained models)."""
+    zero_pad: bool = False
+    """rlinf_mini: write operands zero-padded to max_operand's digits and the sum to one more ('07+45=' -> '052';
+    the verifier reads '052' as 52): each digit of a place keeps its position, which a small model needs to learn
+    carrying (configs/math.yaml: true; the tiny GPT-2, supervised on 4096 sums: held-out 0.90 after 2000 steps as
+    written, 1.00 after 750 padded). False writes them as they are ('7+45=' -> '52')."""
 
 
 @dataclass

@@ -27,11 +27,18 @@ def arithmetic_problems(max_operand: int, n: int, seed: int) -> list[tuple[int, 
     return [(p // (max_operand + 1), p % (max_operand + 1)) for p in picks]
 
 
-def format_problem(a: int, b: int, shots: list[tuple[int, int]] = ()) -> tuple[str, str]:
+def format_problem(a: int, b: int, shots: list[tuple[int, int]] = (), digits: int = 0) -> tuple[str, str]:
     """The prompt the model completes and its reference answer: ('37+45=', '82'); with `shots`, solved problems
-    come first, one per line ('12+35=47\n37+45=')."""
-    prefix = "".join(f"{x}+{y}={x + y}\n" for x, y in shots)
-    return f"{prefix}{a}+{b}=", str(a + b)
+    come first, one per line ('12+35=47\n37+45='); with `digits` > 0, operands are zero-padded to that many digits
+    and the sum to one more ('07+45=', '052'): every digit of a place sits at the same position in every problem."""
+    def num(n: int, width: int) -> str:
+        return f"{n:0{width}d}" if digits else str(n)
+
+    def solved(x: int, y: int) -> str:
+        return f"{num(x, digits)}+{num(y, digits)}="
+
+    prefix = "".join(f"{solved(x, y)}{num(x + y, digits + 1)}\n" for x, y in shots)
+    return f"{prefix}{solved(a, b)}", num(a + b, digits + 1)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -55,9 +62,10 @@ def write_arithmetic_jsonl(data: DataConfig, train_path: str | Path, val_path: s
         raise ValueError(f"data.arithmetic: {a.num_train} train + {a.few_shot} shots + {a.num_val} held-out problems "
                          f"do not fit in the {space} pairs of 0..{a.max_operand} with a + b and b + a on one side")
     train, shots = rest[: a.num_train], rest[a.num_train: a.num_train + a.few_shot]  # shots: in every prompt
+    digits = len(str(a.max_operand)) if a.zero_pad else 0
     for path, pairs in ((val_path, held_out), (train_path, train)):
         rows = []
         for x, y in pairs:
-            prompt, answer = format_problem(x, y, shots)
+            prompt, answer = format_problem(x, y, shots, digits)
             rows.append({data.prompt_key: prompt, data.answer_key: [answer]})
         _write_jsonl(Path(path), rows)

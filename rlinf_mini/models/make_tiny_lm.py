@@ -17,13 +17,13 @@ import torch
 
 from rlinf_mini.config import ConfigError, TrainConfig, load_config, max_new_tokens
 
-SFT_STEPS = 3000  # at most: the pass stops at WARM_START_ACCURACY (seed 1234: after 780 steps)
+SFT_STEPS = 3000  # at most: the pass stops at WARM_START_ACCURACY (configs/math.yaml, seed 1234: 300 steps)
 SFT_BATCH_SIZE = 64
 SFT_LR = 3e-3
 # Stop when greedy exact match on the first WARM_START_CHECK train prompts (seen ones: no held-out prompt is read)
 # reaches this. A fixed step count stopped mid-way up a steep rise: the same 550 steps gave held-out 0.09 to 0.52
 # from one seed or CPU to the next (AVX2 vs AVX-512 rounding); a level gives the same start for every one.
-WARM_START_ACCURACY = 0.5
+WARM_START_ACCURACY = 0.4  # zero-padded sums: held-out 0.38-0.45 after it (0.5 left 0.50-0.62: above 0.55)
 WARM_START_CHECK = 256
 
 
