@@ -197,8 +197,8 @@ assert (plan.run_dir / "learning_curve.png").is_file()
 # chrome://tracing or https://ui.perfetto.dev; `timeline.png` draws the last traced step, one row per worker.
 # Below, chunk by chunk: the reward's `score` of chunk c overlaps in time the rollout's `generate` of chunk c + 1
 # in about a quarter of the pairs (17-30 % over three seeds, twice; at least 1 in 20 asserted). In the others the
-# reward, which shares core 1 with the rollout here (`rollout,reward: 1`), scored its chunk before the rollout took up the
-# next one, or only after the rollout had finished it.
+# reward, which shares core 1 with the rollout here (`rollout,reward: 1`), scored its chunk before the rollout took
+# up the next one, or only after the rollout had finished it.
 
 # %%
 import json

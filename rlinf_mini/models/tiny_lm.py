@@ -6,8 +6,8 @@ arithmetic task by a short supervised pass, saved as an HF folder (config.json, 
 Why warm-start: RL from random weights on a 0/1 reward has nothing to reinforce; a short supervised pass on the train
 split, stopped once the model is right on a set share of train sums (make_tiny_lm.WARM_START_ACCURACY), leaves a
 model that has the format and is right on under half the held-out sums (0.38-0.45 on configs/math.yaml), which
-GRPO then improves. The folder is made by `python -m rlinf_mini.models.make_tiny_lm` (the entry runs it when actor.model.model_path is missing).
-Nothing is downloaded.
+GRPO then improves. The folder is made by `python -m rlinf_mini.models.make_tiny_lm` (the entry runs it when
+actor.model.model_path is missing). Nothing is downloaded.
 """
 
 from __future__ import annotations
