@@ -120,7 +120,7 @@ ckpt = find_latest_checkpoint(run_dir)
 assert ckpt.name == "global_step_10" and (run_dir / "checkpoints/global_step_5").is_dir()
 assert sorted(p.name for p in ckpt.iterdir()) == ["actor", "env.pt", "rng.pt", "runner.json"]
 assert sorted(p.name for p in (ckpt / "actor").iterdir()) == ["actor.pt", "model"]
-assert sorted(torch.load(ckpt / "actor/actor.pt", weights_only=True)) == ["model", "optimizer"]
+assert sorted(torch.load(ckpt / "actor/actor.pt", weights_only=True)) == ["lr_scheduler", "model", "optimizer"]
 assert json.loads((ckpt / "runner.json").read_text()) == {"global_step": 10}
 assert (run_dir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
 
