@@ -1,7 +1,7 @@
 """The Ray backend (cluster.backend: ray) on a 2-node Ray cluster on this machine (ray.cluster_utils, 1 and 2 CPUs and
-one faked GPU per node, shared by the whole session): the same run is bitwise the same on local, ray with 1 node and
+2 and 1 faked GPUs, shared by the whole session): the same run is bitwise the same on local, ray with 1 node and
 ray with 2 nodes (actor rank 0 on node 0, env and rollout on node 1: the cross-node weight path, and the actor's
-all-reduce across the nodes), and so are the shipped configs' first step; ranks ask Ray for their GPU share, and a
+all-reduce across the nodes), and so are the shipped configs' first step; ranks pin the GPU Ray reserved, and a
 config that needs more GPUs than the cluster has is one line before any actor starts; a kill -9, an exception, a
 hang and a failed constructor are reported as on local; channels through the queue actor, with pipelined puts (order,
 bound and timeouts kept; a producer killed with puts in flight hangs no consumer) across nodes, through the kernel
@@ -25,6 +25,7 @@ import ray  # noqa: E402
 import ray.cluster_utils  # noqa: E402
 import torch  # noqa: E402
 from conftest import ROOT  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 from test_channel import check_lent_buffer_rules  # noqa: E402
 from test_pipeline import cat_ranks, small_cfg  # noqa: E402
 from toy_workers import BrokenWorker, EchoWorker  # noqa: E402
@@ -41,15 +42,15 @@ from stages.placement import ComponentPlacement  # noqa: E402
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """Two Ray nodes on this machine (1 and 2 CPUs, one faked GPU each); the tests' runs use this session (the backend
+    """Two Ray nodes on this machine (1 and 2 CPUs, 2 and 1 faked GPUs); the tests' runs use this session (the backend
     leaves a session it did not start alone). Its Ray temp folder is its own (RAY_TMPDIR), so the address file that
     ray.cluster_utils writes there names it to no run outside this session (an empty cluster.ray_address joins the
     cluster that file names: scheduler/ray_backend.py)."""
     root = tempfile.mkdtemp(prefix="rlray", dir="/tmp")  # short: Ray's socket paths live under it
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_TMPDIR", root)
-        env.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a raylet with 1 GPU must see (its ranks get the placement's)
-        cluster = ray.cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1,
+        env.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what the raylets must see (2 faked GPUs on node 0, 1 on node 1)
+        cluster = ray.cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2,
                                                                                    "include_dashboard": False})
         try:
             cluster.add_node(num_cpus=2, num_gpus=1)  # another CPU share than the head's
@@ -183,28 +184,74 @@ def free_gpus_become(n: float) -> None:
         time.sleep(0.1)
 
 
-def test_ranks_ask_ray_for_their_gpu_share_and_more_gpus_than_the_cluster_has_is_one_line(ray_cluster, monkeypatch):
-    """GPUs faked: the driver's torch sees 1 (2), each Ray node has 1. Two components collocated on device 0 ask
-    for half of node 0's GPU each; 2 GPUs per node is refused before any actor starts."""
+@ray.remote(num_gpus=1, num_cpus=0)
+class _GpuHolder:
+    """Another job's actor holding one GPU."""
+
+    def gpu(self) -> str:
+        return str(ray.get_gpu_ids()[0])
+
+
+def _our_placement_groups() -> list[str]:
+    return [pg_id for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] != "REMOVED"]
+
+
+def test_ranks_pin_the_gpu_ray_reserved_in_its_bundle_and_more_gpus_than_the_cluster_has_is_one_line(
+        ray_cluster, monkeypatch):
+    """GPUs faked: node 0 has 2, node 1 has 1 (Ray's view), the driver's torch sees 1 or 2. Another job holds one
+    of node 0's GPUs: two components collocated on the placement's GPU 0 land in one bundle, on the GPU Ray reserved
+    (the other one), each asking for half of it; ranks the placement keeps apart get two GPUs; a GPU Ray cannot
+    reserve is one error after cluster.timeout_s; 2 GPUs per node on a cluster whose node 1 has 1 is refused before
+    any actor starts. No placement group outlives a run."""
     from rlinf_mini.scheduler import devices
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    def launch_all(placement: dict, num_devices: int, num_nodes: int, timeout_s: float = 20):
+        placement = ComponentPlacement(placement, num_devices)
+        strategies = {c: placement.get_strategy(c) for c in ("actor", "rollout")}
+        plan = devices.device_plan(strategies, num_devices, torch.cuda.device_count())
+        c = Cluster(ClusterConfig(backend="ray", num_nodes=num_nodes, num_devices=num_devices, timeout_s=timeout_s),
+                    device_plan=plan)
+        try:
+            groups = [EchoWorker.create_group(None).launch(c, strategies[n], name=n) for n in strategies]
+            return c, [g.info().wait()[0] for g in groups]
+        except BaseException:
+            c.shutdown()
+            raise
+
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    placement = ComponentPlacement({"actor": "0", "rollout": "0"}, 2)
-    strategies = {c: placement.get_strategy(c) for c in ("actor", "rollout")}
-    plan = devices.device_plan(strategies, 2, 1)
-    c = Cluster(ClusterConfig(backend="ray", num_nodes=2, num_devices=2, timeout_s=20), device_plan=plan)
+    before = set(_our_placement_groups())
+    head = ray.get_runtime_context().get_node_id()
+    holder = _GpuHolder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
     try:
-        groups = [EchoWorker.create_group(None).launch(c, strategies[n], name=n) for n in strategies]
-        infos = [g.info().wait()[0] for g in groups]
-        assert [i["cuda_visible"] for i in infos] == ["0", "0"]  # the placement's GPU, on the first node
-        free_gpus_become(1.0)  # 2 - 0.5 - 0.5: node 1's GPU is left free
+        held = ray.get(holder.gpu.remote(), timeout=60)
+        assert held == "0"  # Ray's first free one: so the placement's GPU 0 is not the GPU Ray gives our ranks
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        c, infos = launch_all({"actor": "0", "rollout": "0"}, 2, 2)
+        try:
+            free = {"0", "1"} - {held}
+            # the placement says GPU 0; Ray's free one is the other: both ranks pin it, and it is what Ray gave them
+            assert [i["cuda_visible"] for i in infos] == [*free, *free], (held, infos)
+            assert [i["ray_gpu_ids"] for i in infos] == [[*free], [*free]]
+            free_gpus_become(1.0)  # 3 - the holder's - our bundle's (0.5 + 0.5 in it): node 1's GPU is left free
+        finally:
+            c.shutdown()
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        with pytest.raises(RuntimeError, match=r"^Ray reserved no GPU for GPU 1 of node \w+ within "
+                                               r"cluster\.timeout_s=3 s: another job holds the node's GPUs$"):
+            launch_all({"actor": "0", "rollout": "1"}, 2, 1, timeout_s=3)  # node 0 has one free GPU, not two
+    finally:
+        ray.kill(holder)
+    free_gpus_become(3.0)
+    c, infos = launch_all({"actor": "0", "rollout": "1"}, 2, 1)  # kept apart: apart on Ray's GPUs too
+    try:
+        assert sorted(i["cuda_visible"] for i in infos) == ["0", "1"]
+        assert [[i["cuda_visible"]] for i in infos] == [i["ray_gpu_ids"] for i in infos]
     finally:
         c.shutdown()
-    free_gpus_become(2.0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    free_gpus_become(3.0)
+    assert set(_our_placement_groups()) == before
     with pytest.raises(ConfigError, match=r"^cluster\.num_devices: the placement needs 2 GPU\(s\) on each of 2 "
-                                          r"node\(s\), but Ray node 0 \(\S+\) of the Ray cluster at \S+ has 1$"):
+                                          r"node\(s\), but Ray node 1 \(\S+\) of the Ray cluster at \S+ has 1$"):
         Cluster(ClusterConfig(backend="ray", num_nodes=2, num_devices=4))
     assert alive_actors() == []
 

@@ -18,6 +18,16 @@ def batch_pattern(i: int) -> torch.Tensor:
     return ((torch.arange(n) * (i + 1) + i) % 251).to(torch.uint8).view(LENT_BATCH)
 
 
+def _ray_gpu_ids() -> list[str] | None:
+    """The GPUs Ray assigned this process (a Ray rank actor), or None outside Ray."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return [str(i) for i in ray.get_gpu_ids()]
+
+
 class EchoWorker(Worker):
     def __init__(self, cfg, tag: str = ""):
         super().__init__(cfg)
@@ -29,7 +39,7 @@ class EchoWorker(Worker):
         return {"rank": self._rank, "world_size": self._world_size, "group": self._group_name, "tag": self.tag,
                 "cores": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
                 "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "calls": self.calls, "pid": os.getpid(),
-                "cuda_before_pinning": self._cuda_before_pinning}
+                "cuda_before_pinning": self._cuda_before_pinning, "ray_gpu_ids": _ray_gpu_ids()}
 
     def add(self, a, b=0):
         return a + b + self._rank

@@ -50,7 +50,7 @@ class RankSpec:
     # torch's intra-op threads (and OMP/MKL's): from the placement alone, never from the node's cores, since the
     # thread count decides how a float sum is split (2 threads instead of 1 changed eval/return at step 0)
     threads: int = 1
-    gpu_share: float = 0.0  # the GPUs it counts as its own (Ray's num_gpus): 1 / the run's ranks on each of its GPUs
+    gpu_share: float = 0.0  # Ray's num_gpus: its share of its first GPU (1 / the run's ranks on it)
     env: dict[str, str] = field(default_factory=dict)  # environment set before torch is imported in the rank
 
 

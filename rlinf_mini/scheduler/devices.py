@@ -46,11 +46,12 @@ def ranks_per_gpu(rank_devices: list[tuple[int, ...]], rank_gpus: list[tuple[str
 
 
 def gpu_share(gpus: tuple[str, ...], node: int, counts: dict[tuple[int, str], int]) -> float:
-    """The GPUs a rank asks Ray for (`num_gpus`): 1 / the run's ranks on each of its GPUs, summed; rounded down to
-    Ray's resolution (1e-4) so that the shares of one GPU sum to at most 1, and to a whole number above 1 (Ray takes
-    no fraction above one). 0 on CPU devices, or for a GPU the counts do not hold."""
-    total = sum(1 / counts[(node, g)] for g in gpus if counts.get((node, g)))
-    return float(int(total)) if total > 1 else int(total * 10_000) / 10_000
+    """The share of its first GPU a rank asks Ray for (`num_gpus`, in that GPU's bundle: ray_gpus.py): 1 / the run's
+    ranks on it, rounded down to Ray's resolution (1e-4) so that the shares of one GPU sum to at most 1. Its other
+    GPUs (a rank that owns several) are the run's by their bundles' reservation. 0 on CPU devices, or for a GPU the
+    counts do not hold."""
+    n = counts.get((node, gpus[0])) if gpus else None
+    return int(10_000 / n) / 10_000 if n else 0.0
 
 
 def visible_gpus(environ: Mapping[str, str], gpu_count: int) -> list[str]:

@@ -4,10 +4,10 @@
   the cluster Ray's temp folder names (`ray start --head`), if it answers; else a private instance, stopped at the end.
 - Nodes: node index n (RankSpec.node) is the n-th alive Ray node, the driver's first, then by node id; a config that
   needs more nodes or GPUs than the cluster has is one line (ConfigError) before any actor starts.
-- Ranks: a `_RankActor` pinned to its node, with a token CPU share and its GPU share (`num_gpus`: 1 / the run's ranks
-  on that GPU) in Ray's accounting; `start()` sets spec.env (CUDA_VISIBLE_DEVICES, RANK, OMP_*, ...) before torch.
-  A group call is one actor call per rank, collected with ray.wait; a never-returning `watch()` call, which Ray fails
-  when the actor dies, is how exit_status sees a death (kill -9 included).
+- Ranks: a `_RankActor` pinned to its node with a token CPU share; on GPUs, in the Ray bundle of its first GPU with
+  its share of it (`num_gpus`), pinned to the GPU Ray reserved there (ray_gpus.py); `start()` sets spec.env
+  (CUDA_VISIBLE_DEVICES, RANK, OMP_*, ...) before torch. A group call is one actor call per rank, collected with
+  ray.wait; a never-returning `watch()` call, which Ray fails when the actor dies, is how exit_status sees a death.
 - Collective: MASTER_ADDR/PORT from rank 0's `rendezvous()`, handed to every `start()` as an ObjectRef.
 - Channels, by one rule: a one-node run (cluster.num_nodes 1: every rank pinned to the driver's node) uses the local
   backend's kernel queues (kernel_queues.py: a ChannelServer in the driver, socketpairs handed to each rank's actor
@@ -18,7 +18,8 @@
   server, handed to each rank's start(). Rank actors run at the driver's niceness (ray_channel.at_our_niceness).
 
 RLinf counterpart: `rlinf/scheduler/cluster/cluster.py` (ray.init, node order), `worker/worker_group.py` (one actor
-per rank, node affinity, env vars). Left out: node groups, per-method concurrency. Differs: RLinf asks Ray for no GPU.
+per rank, node affinity, env vars). Left out: node groups, per-method concurrency. Differs: RLinf asks Ray for no
+GPU and pins the placement's.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from rlinf_mini.scheduler.ray_channel import (
     use_numpy_for_tensors,
     use_weights_mailbox,
 )
+from rlinf_mini.scheduler.ray_gpus import RayGpus
 
 CPU_SHARE = 0.01  # Ray CPUs per rank: a token, so placement never waits for CPU accounting (pinning is by spec.env)
 NODE_ENV = "RLINF_MINI_RAY_NODE"  # set in every rank: the Ray node id it runs on (stages/sync.py reads it)
@@ -126,6 +128,7 @@ class RayBackend(Backend):
             raise
         use_numpy_for_tensors()
         self.groups: list[RayRanks] = []
+        self.gpus = RayGpus(cfg.timeout_s)  # the placement's GPUs, reserved as each group launches
         self._channels = None  # the queue actor, made at the first channel that needs it
         self._channel_names: set[str] = set()
         # every rank on the driver's node (node 0 is the driver's: _node_order): channels in kernel queues, served
@@ -192,6 +195,8 @@ class RayBackend(Backend):
         self._closed = True
         for ranks in getattr(self, "groups", []):
             ranks.kill_actors()
+        if getattr(self, "gpus", None) is not None:
+            self.gpus.release()
         if getattr(self, "_channels", None) is None:
             self._channels = channel_actor(None, create=False)  # a rank may have made it (weights_mailbox)
         if getattr(self, "_channels", None) is not None:
@@ -222,14 +227,15 @@ class RayRanks(GroupRanks):
         self._stopping = False
         self._stop_refs: list = []
         self.actors = []
+        backend.gpus.reserve([(backend.nodes[s.node]["NodeID"], g) for s in specs for g in s.gpus])
         for spec in specs:
             node_id = backend.nodes[spec.node]["NodeID"]
-            # num_gpus: the rank's share in Ray's accounting (so Ray never gives its GPUs to more than the run's
-            # ranks, nor to another job); start() pins the placement's GPUs (Ray packs fractional shares by its own
-            # rule, which could put two ranks on one GPU that the placement, and its sync path, keep apart)
-            self.actors.append(_RankActor.options(
-                num_cpus=CPU_SHARE, num_gpus=spec.gpu_share, max_restarts=0, runtime_env=at_our_niceness(),
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote())
+            where = dict(num_cpus=CPU_SHARE, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+            if spec.gpus:  # in its first GPU's bundle, pinned to the GPUs Ray reserved (ray_gpus.py)
+                where = dict(num_cpus=0, num_gpus=spec.gpu_share, scheduling_strategy=backend.gpus.strategy(
+                    node_id, spec.gpus[0]))
+                spec.env["CUDA_VISIBLE_DEVICES"] = ",".join(backend.gpus.assigned(node_id, g) for g in spec.gpus)
+            self.actors.append(_RankActor.options(max_restarts=0, runtime_env=at_our_niceness(), **where).remote())
         master = self.actors[0].rendezvous.remote()  # resolved by Ray before any start() runs
         self._watch = [a.watch.remote() for a in self.actors]
         for spec, actor in zip(specs, self.actors, strict=True):
