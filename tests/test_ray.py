@@ -236,7 +236,7 @@ def test_ranks_pin_the_gpu_ray_reserved_in_its_bundle_and_more_gpus_than_the_clu
         finally:
             c.shutdown()
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-        with pytest.raises(RuntimeError, match=r"^Ray reserved no GPU for GPU 1 of node \w+ within "
+        with pytest.raises(TimeoutError, match=r"^Ray reserved no GPU for GPU 1 of node \w+ within "
                                                r"cluster\.timeout_s=3 s: another job holds the node's GPUs$"):
             launch_all({"actor": "0", "rollout": "1"}, 2, 1, timeout_s=3)  # node 0 has one free GPU, not two
     finally:

@@ -41,7 +41,7 @@ class RayGpus:
 
     def reserve(self, keys: list[tuple[str, str]]) -> None:
         """A GPU bundle for each (node id, entry) not reserved yet, all asked for at once; raises if Ray has not
-        granted them all within the timeout (another job holds the GPUs: the ones it did grant are given back)."""
+        granted them all within the timeout (TimeoutError: another job holds the GPUs; the ones granted go back)."""
         new = [k for k in dict.fromkeys(keys) if k not in self._groups]
         if not new:
             return
@@ -53,7 +53,7 @@ class RayGpus:
                 remove_placement_group(g)
             missing = [f"GPU {entry} of node {node[:8]}" for (node, entry), ref in zip(new, refs, strict=True)
                        if ref not in ready]
-            raise RuntimeError(f"Ray reserved no GPU for {', '.join(missing) or 'the placement'} within "
+            raise TimeoutError(f"Ray reserved no GPU for {', '.join(missing) or 'the placement'} within "
                                f"cluster.timeout_s={self.timeout_s:g} s: another job holds the node's GPUs")
         probes = [_bundle_gpu.options(num_gpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(g, 0)).remote()
                   for g in groups]
