@@ -10,6 +10,8 @@ What HF `generate` does not do makes it faster (benchmarks/reasoning_generation.
 share one prefill (its cache rows copied G times, as SGLang / vLLM's prefix cache does), the cache is written in place
 in a buffer allocated once, a row that emitted <eos> leaves the batch (later steps compute only the rows still
 generating), and the output head runs in cache-sized vocabulary slices on a CPU (last_logits), without autograd.
+A Llama (SmolLM2) runs a lean forward over its own weights (rlinf_mini/models/llama_decode.py): the prompts' token
+trie prefilled once, so prefixes shared across prompts are computed once, and no per-layer Python of HF's per token.
 Result per chunk (N = prompts x G responses): prompt_ids [N, P] (left-padded), prompt_mask [N, P], response_ids
 [N, R] (right-padded after <eos>), response_mask [N, R] (1 up to and including <eos>), logprobs [N, R] under
 softmax(logits / temperature), version, answers, first_sample_id.
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
 from rlinf_mini.config import ReasoningSamplingParams, max_new_tokens
+from rlinf_mini.models.llama_decode import LlamaDecoder, is_llama
 from rlinf_mini.models.tiny_lm import load_causal_lm
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
@@ -145,26 +148,52 @@ def generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, sampl
     return {k: v.cpu().clone() for k, v in out.items()}
 
 
+class HFDecoder:
+    """LlamaDecoder's interface over the HF model's own forward (any causal LM, e.g. the tiny GPT-2): left-padded
+    prompts, one prefill per distinct prompt (unique_rows), the KV cache in place (_InPlaceLayer)."""
+
+    def __init__(self, model, prompt_ids: list[list[int]], capacity: int, pad_id: int):
+        device = next(model.parameters()).device
+        input_ids, self.mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))  # [N, P]
+        positions = position_ids_of(self.mask)  # [N, P]
+        firsts, inverse = unique_rows(prompt_ids)  # [U], [N]
+        self.inverse = inverse.to(device)
+        # transformers 5 names the KV cache `cache`; 4.x named it `past_key_values`
+        params = inspect.signature(model.base_model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        layers = model.config.get_text_config().num_hidden_layers
+        self.cache = Cache(layers=[_InPlaceLayer(capacity) for _ in range(layers)])
+        self.body = model.base_model  # the transformer without its output head: logits only where a token is drawn
+        out = self.body(input_ids=input_ids[firsts], attention_mask=self.mask[firsts], position_ids=positions[firsts],
+                        use_cache=True, **{self.cache_kw: self.cache})
+        self.last_hidden = out.last_hidden_state[:, -1]  # [U, H]; row n's is last_hidden[inverse[n]]
+        if len(firsts) < len(prompt_ids):
+            self.cache.batch_select_indices(self.inverse)  # [U, ...] -> [N, ...]
+        self.next_pos = positions[:, -1] + 1  # [N]
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.mask, self.next_pos = self.mask[rows], self.next_pos[rows]
+        self.cache.batch_select_indices(rows)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [A] -> hidden [A, H] (after the final norm)."""
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)  # [A, P+t+1]
+        out = self.body(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
+                        use_cache=True, **{self.cache_kw: self.cache})
+        self.next_pos = self.next_pos + 1
+        return out.last_hidden_state[:, -1]
+
+
 def _generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, sampling: ReasoningSamplingParams,
               max_new: int, pad_id: int, eos_id: int, seed: int, greedy: bool) -> dict[str, torch.Tensor]:
     device = next(model.parameters()).device
-    input_ids, attention_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))  # [N, P]
+    input_ids, prompt_mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))  # [N, P]
     n, width = input_ids.shape
-    prompt_mask = attention_mask
-    positions = position_ids_of(attention_mask)  # [N, P]
-    firsts, inverse = unique_rows(prompt_ids)  # [U], [N]
-    inverse = inverse.to(device)
-    # transformers 5 names the KV cache `cache`; 4.x named it `past_key_values`
-    cache_kw = "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
-    layers = model.config.get_text_config().num_hidden_layers
-    cache = Cache(layers=[_InPlaceLayer(width + max_new) for _ in range(layers)])
-    body = model.base_model  # the transformer without its output head: logits only where a token is drawn
-    out = body(input_ids=input_ids[firsts], attention_mask=attention_mask[firsts], position_ids=positions[firsts],
-               use_cache=True, **{cache_kw: cache})
-    cache, logits = out[cache_kw], last_logits(model, out.last_hidden_state[:, -1])[inverse]  # [N, V]
-    if len(firsts) < n:
-        cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
-    next_pos = positions[:, -1] + 1  # [N]
+    if is_llama(model) and all(prompt_ids):  # SmolLM2: the lean forward, prefix-shared prefill (llama_decode.py)
+        body = LlamaDecoder(model, prompt_ids, width + max_new)
+    else:
+        body = HFDecoder(model, prompt_ids, width + max_new, pad_id)
+    logits = last_logits(model, body.last_hidden)[body.inverse]  # [N, V]: the head once per distinct prompt
     rows = torch.arange(n, device=device)  # the rows still generating -> their index in the output
     tokens = torch.full((n, max_new), pad_id, dtype=torch.long, device=device)  # [N, R]
     logprobs = torch.zeros((n, max_new), dtype=torch.float32, device=device)
@@ -188,13 +217,9 @@ def _generate(model, prompt_ids: list[list[int]], sample_ids: torch.Tensor, samp
             if not bool(going.any()):
                 break
             keep = going.nonzero().squeeze(-1)  # the rows that finished leave the batch and the cache
-            rows, token, next_pos, attention_mask = rows[keep], token[keep], next_pos[keep], attention_mask[keep]
-            cache.batch_select_indices(keep)
-        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)  # [A, P+t+1]
-        out = body(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
-                   use_cache=True, **{cache_kw: cache})
-        cache, logits = out[cache_kw], last_logits(model, out.last_hidden_state[:, -1])
-        next_pos = next_pos + 1
+            rows, token = rows[keep], token[keep]
+            body.keep(keep)
+        logits = last_logits(model, body.step(token))
     return {"prompt_ids": input_ids, "prompt_mask": prompt_mask, "response_ids": tokens[:, :steps],
             "response_mask": masks[:, :steps].long(), "logprobs": logprobs[:, :steps]}
 

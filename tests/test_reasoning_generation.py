@@ -9,6 +9,7 @@ import torch
 from conftest import ROOT
 
 from rlinf_mini.config import ReasoningSamplingParams, load_config
+from rlinf_mini.models.llama_decode import is_llama, prompt_trie
 from rlinf_mini.models.make_tiny_lm import create_tiny_lm
 from rlinf_mini.models.tiny_lm import load_causal_lm, tiny_gpt2
 from rlinf_mini.utils.seeding import counter_uniform
@@ -99,3 +100,54 @@ def test_the_sliced_output_head_gives_the_heads_logits_and_generation_the_plain_
         assert out["response_ids"][i, :n].tolist() == tokens
         torch.testing.assert_close(out["logprobs"][i, :n], torch.tensor(logps), atol=1e-5, rtol=0)
     assert not out["logprobs"].is_inference()  # made under inference_mode, handed out as ordinary tensors
+
+
+def test_prompt_trie_makes_one_node_per_distinct_prefix():
+    tokens, parents, paths = prompt_trie([[5, 6, 7], [5, 6, 8], [5, 6, 7], [9]])
+    assert tokens == [5, 6, 7, 8, 9] and parents == [-1, 0, 1, 1, -1]
+    assert paths == [[0, 1, 2], [0, 1, 3], [0, 1, 2], [4]]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    """A Llama (SmolLM2's architecture: grouped-query attention, rotary, RMSNorm, SwiGLU) small enough to re-run
+    whole for every token; random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).eval()
+    assert is_llama(model)
+    return model
+
+
+def test_the_lean_llama_path_with_a_shared_prefix_prefill_equals_a_plain_loop_per_row(tiny_llama):
+    """LlamaDecoder (the prompts' trie prefilled once, its keys gathered per row, its own decode forward) gives each
+    row what the HF model re-run whole gives: prompts of different lengths sharing prefixes, repeated prompts, rows
+    that stop early and rows that run to max_new."""
+    model, max_new = tiny_llama, 8
+    prompts = [[11, 12, 13, 14], [11, 12, 13, 99], [11, 12, 13, 14], [40, 41], [11, 12], [200, 3, 4, 5, 6, 7]]
+    ids = torch.arange(len(prompts)) + 30
+    sp = ReasoningSamplingParams(temperature=1.0)
+    # a random model rarely ends: make <eos> a token it draws often, so that rows leave the batch at different steps
+    first = generate(model, prompts, ids, sp, max_new, 0, -1, seed=5)
+    eos = int(first["response_ids"][:, 1:].flatten().mode().values)
+    out = generate(model, prompts, ids, sp, max_new, 0, eos, seed=5)
+    lengths = out["response_mask"].sum(1)
+    assert lengths.min() < lengths.max() == max_new, lengths
+    for i, p in enumerate(prompts):
+        tokens, logps = plain_loop(model, p, int(ids[i]), 5, 1.0, max_new, eos)
+        n = len(tokens)
+        assert out["response_ids"][i, :n].tolist() == tokens and int(lengths[i]) == n
+        torch.testing.assert_close(out["logprobs"][i, :n], torch.tensor(logps), atol=1e-5, rtol=0)
+    # greedy: the argmax of the whole model re-run, token by token
+    greedy_lean = generate(model, prompts, ids, sp, max_new, 0, eos, seed=5, greedy=True)
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            seq = list(p)
+            for _ in range(int(greedy_lean["response_mask"][i].sum())):
+                seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+            n = len(seq) - len(p)
+            assert greedy_lean["response_ids"][i, :n].tolist() == seq[len(p):]
