@@ -60,7 +60,9 @@
 # ## The code to read
 #
 # - `stages/reasoning_rollout.py`: `generate` (left padding, position ids, the KV-cache loop, inverse-CDF sampling
-#   from `counter_uniform`, log-probs), `ReasoningRolloutWorker.rollout` / `evaluate`.
+#   from `counter_uniform`, log-probs) with `HFDecoder` (the HF forward, this tutorial's tiny LM), or for a Llama
+#   such as SmolLM2 `rlinf_mini/models/llama_decode.py::LlamaDecoder` (one prefill per distinct prompt prefix, a lean
+#   decode forward over the same weights); `ReasoningRolloutWorker.rollout` / `evaluate`.
 # - `stages/reasoning_reward.py`: `extract_answer`, `answers_equal`, `math_reward`, `ReasoningRewardWorker`.
 # - `stages/reasoning_train.py`: `compute_grpo_token_advantages`, `compute_response_logprobs`, the loss
 #   (`compute_ppo_actor_loss` from `stages/train.py`, token by token), `ReasoningActorWorker.run_training`.
