@@ -85,7 +85,6 @@ class LlamaDecoder:
             self.mask[n, width - len(path):] = True
         ids = torch.tensor([tokens], device=device)  # [1, T]
         pos = torch.tensor([depth], device=device)  # [1, T]
-        n_kv = self.layers[0].self_attn.k_proj.weight.shape[0] // self.head_dim
         self.k = [None] * len(self.layers)  # per layer [N, H_kv, capacity, D]
         self.v = [None] * len(self.layers)
         hidden = self._forward(ids, pos, sees.to(device)[None, None], start=0, trie=True)  # [1, T, H]
@@ -93,7 +92,7 @@ class LlamaDecoder:
         for i in range(len(self.layers)):  # [1, H_kv, T, D] -> each row's path [N, H_kv, P, D] in a fresh buffer
             for buf in (self.k, self.v):
                 kv = buf[i]
-                out = kv.new_empty(len(paths), n_kv, capacity, self.head_dim)
+                out = kv.new_empty(len(paths), kv.shape[1], capacity, self.head_dim)
                 out[:, :, :width] = kv[0][:, gather].transpose(0, 1)  # [H_kv, N, P, D] -> [N, H_kv, P, D]
                 buf[i] = out
         self.length = width
