@@ -5,11 +5,11 @@
 # bf16; the GPU benchmarks (weight sync by CUDA IPC and by pinned host copy / device-to-device copy, pinned vs
 # pageable, the channel with CUDA tensors). Without a GPU it says so after the probe and exits 0.
 #
-#   bash benchmarks/gpu.sh                   # logs to $OUT (on the device machine) or results/gpu/
+#   bash benchmarks/gpu.sh                   # logs to $OUT if set, else results/gpu/
 #
-# The device machine cannot reach the network and lacks tyro and gymnasium (and their pure-Python needs): carry them
-# as wheels. Where pip works, once: `bash benchmarks/gpu_wheels.sh` (writes .whl/, ignored by git); then name `.whl`
-# in the run's `carry`. This script installs whatever it finds in .whl/ into /tmp/site first.
+# On a GPU machine without network: `bash benchmarks/gpu_wheels.sh` where pip works (it `pip download`s the wheels
+# rlinf_mini needs beyond torch into .whl/, ignored by git), copy the checkout over, and this script installs
+# whatever it finds in .whl/ before it starts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu}

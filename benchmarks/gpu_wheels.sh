@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Download the wheels benchmarks/gpu.sh needs on the device machine (Python 3.12, no network there): the packages
-# rlinf_mini needs that its image lacks. Pure-Python wheels, ~1 MB together. Run where pip can reach the index:
-#   bash benchmarks/gpu_wheels.sh        # -> .whl/ (ignored by git); then carry ".whl" in the device run
+# Download the wheels benchmarks/gpu.sh needs on a GPU machine without network (one whose image has torch but not
+# rlinf_mini's pure-Python dependencies; Python 3.12 here, change --python-version for yours). Run where pip works:
+#   bash benchmarks/gpu_wheels.sh        # -> .whl/ (ignored by git); copy it over with the checkout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
