@@ -16,7 +16,7 @@ from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.scheduler.codec import dumps, loads
 from rlinf_mini.scheduler.local import INLINE_MAX
 from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
-from rlinf_mini.scheduler.worker import POLL_S, WorkerDiedError, WorkerError
+from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError
 from stages.placement import ComponentPlacement
 
 
@@ -119,29 +119,40 @@ def test_many_calls_in_flight_return_in_order_without_deadlock(echo):
 
 def test_a_result_taken_while_checking_the_workers_ends_the_wait_at_once(cluster, echo, monkeypatch):
     # The waiting driver drains every group while it checks the workers. A result taken in there must end the wait
-    # at once; it once went unnoticed until the next wake-up, POLL_S later. A slow check makes every result land in it.
+    # at once; it once went unnoticed until the next wake-up, POLL_S later. Proven by events, not by time: the check
+    # below keeps draining until the awaited result has landed in it, and no blocking drain may start while a
+    # complete result sits unclaimed in the group.
     echo.info().wait()  # the group is up (its start takes seconds)
-    check = cluster.check_workers
+    check, drain = cluster.check_workers, echo._drain
 
-    def slow_check() -> None:
-        time.sleep(0.05)  # the 0.01 s call returns meanwhile
+    def complete() -> bool:
+        return any(len(got) == echo.world_size for got in echo._results.values())
+
+    def check_until_the_result_lands() -> None:
+        deadline = time.monotonic() + 20  # a hang guard
         check()
+        while not complete() and time.monotonic() < deadline:
+            time.sleep(0.002)
+            check()
 
-    monkeypatch.setattr(cluster, "check_workers", slow_check)
-    waits = []
-    for _ in range(10):
-        start = time.monotonic()
+    blocked_with_a_result = []
+
+    def watched_drain(block_s: float = 0.0) -> None:
+        if block_s > 0 and complete():
+            blocked_with_a_result.append(block_s)
+        drain(block_s=block_s)
+
+    monkeypatch.setattr(cluster, "check_workers", check_until_the_result_lands)
+    monkeypatch.setattr(echo, "_drain", watched_drain)
+    for _ in range(5):
         assert echo.sleep(0.01).wait() == [0.01, 0.01]
-        waits.append(time.monotonic() - start)
-    # a lost wake-up costs POLL_S in every one of these waits; a loaded machine delays some of them, not all: the
-    # quickest shows it
-    assert min(waits) < 0.05 + POLL_S / 2, waits
+    assert blocked_with_a_result == []
 
 
 def test_wait_timeout_names_the_call_and_the_ranks(echo):
     with pytest.raises(TimeoutError, match=r"Echo.sleep\(\) did not return from rank\(s\) \[0, 1\]"):
         echo.sleep(1.5).wait(timeout=0.3)
-    time.sleep(1.5)  # let the sleeps finish so later calls are not queued behind them
+    echo.info().wait()  # a rank runs its calls in order: this returns once the abandoned sleeps have finished
 
 
 def test_unknown_method_is_an_attribute_error(echo):

@@ -31,10 +31,6 @@ PICTURES = {  # tutorial -> the files it must draw into its output folder
 SECTIONS = ["What this stage does", "The code to read", "Run it", "What you should see", "The RLinf counterpart",
             "Exercise"]
 TIMEOUT_S = 300  # a hang guard, not a speed check
-DRIFT_FACTOR = 3.0
-"""A tutorial that takes under a third of README's stated time makes the table stale: the test fails. No upper bound:
-a loaded machine stretches any wall time (the same tutorial takes 1-2.5x its quiet time beside other jobs), so a
-slower tutorial shows in the printed time, not in a failure."""
 
 
 def stated_seconds() -> dict[str, float]:
@@ -93,8 +89,6 @@ def test_tutorial_runs_top_to_bottom(path, tmp_path, users_checkout):
         data = (out / picture).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, picture
     shutil.rmtree(out)
-    assert stated / DRIFT_FACTOR <= seconds, (
-        f"{path.name} took {seconds:.1f} s, README says about {stated:g} s: update the Learning path table")
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
