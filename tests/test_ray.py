@@ -12,6 +12,7 @@ test_ray_outside.py)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -360,13 +361,18 @@ class TestOneGroupOnTwoNodes:
         with pytest.raises(ValueError, match="already exists"):
             Channel.create("bounded", two_nodes)
         group.trace_enable().wait()  # a get that waits is traced as wait_get, for as long as it waited
-        waiting = group.execute_on(1).consume(unbounded, 1, "late", 20)
-        time.sleep(0.6)
+        unbounded.put("first", key="late")
+        waiting = group.execute_on(1).consume(unbounded, 2, "late", 20)
+        deadline = time.monotonic() + 20
+        while unbounded.qsize("late"):  # the consumer took the first item: its second get is the one that waits
+            assert time.monotonic() < deadline, "the consumer did not take the first item"
+        put_ns = time.monotonic_ns()
         unbounded.put("late", key="late")
-        assert waiting.wait() == [["late"]]
-        waits = [(end - start) / 1e9 for _, _, name, _, start, end in group.execute_on(1).trace_drain().wait()[0]
+        assert waiting.wait() == [["first", "late"]]
+        waits = [(start, end) for _, _, name, _, start, end in group.execute_on(1).trace_drain().wait()[0]
                  if name == "wait_get"]
-        assert len(waits) == 1 and 0.3 < waits[0] < 5, waits
+        # by events: the one wait began before the item it waited for was put, and ended after (one clock, one host)
+        assert len(waits) == 1 and waits[0][0] < put_ns < waits[0][1], (waits, put_ns)
         group.trace_enable(False).wait()
 
     def test_a_lent_buffer_follows_the_same_rules_on_ray(self, echo):
@@ -387,25 +393,28 @@ class TestOneGroupOnTwoNodes:
             while bounded.qsize("b") < 2:
                 assert time.monotonic() < deadline, "the producer did not fill the channel"
                 time.sleep(0.1)
-            get_started = []
+            get_started = []  # the two went in before any get (the loop above): the second one was pipelined
             for i in range(6):
                 get_started.append(time.monotonic())
                 assert bounded.get(key="b", timeout=20) == i
-                time.sleep(0.2)
             put_done = ray.get(produced, timeout=20)
             assert all(put_done[i] >= get_started[i - 2] for i in range(2, 6)), (put_done, get_started)
-            assert put_done[1] < get_started[0]  # the first two went in at once (the second one pipelined)
             # two producers on one key: a pipelined put of the driver meets the queue filled by the other after all;
             # it waits in the queue actor up to its timeout, and the driver's next call on the key reports it
             shared = Channel.create("shared", two_nodes, maxsize=2)
             shared.put("a", key="s")  # answered: the driver knows one slot is free
             ray.get(producer.produce.remote(shared, ["b"], "s"), timeout=20)  # ...which the other producer takes
             shared.put("c", key="s", timeout=0.3)  # pipelined: returns at once
-            time.sleep(0.6)
-            # (the wait it reports is the put's time left when it was sent: its 0.3 s less the send, e.g. 0.29)
-            with pytest.raises(ChannelTimeout, match=r"an earlier put of this process found it still full after "
-                                                     r"0\.[23]\d* s"):
-                shared.qsize("s")
+            # the driver's next call on the key after the put's timeout has run out in the queue actor reports it (the
+            # wait it names is the put's time left when it was sent: its 0.3 s less the send)
+            deadline, reported = time.monotonic() + 20, None
+            while reported is None:
+                assert time.monotonic() < deadline, "the timed-out pipelined put was never reported"
+                try:
+                    assert shared.qsize("s") == 2  # not yet timed out: the put still waits in the queue actor
+                except ChannelTimeout as e:
+                    reported = str(e)
+            assert re.search(r"an earlier put of this process found it still full after 0\.\d+ s", reported), reported
             assert [shared.get(key="s"), shared.get(key="s"), shared.qsize("s")] == ["a", "b", 0]
             # a producer killed with puts in flight: the consumer's gets end within their timeout (the queued items,
             # then lost items or nothing more), the wait does not hang on the dead producer's puts
