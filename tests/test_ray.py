@@ -428,10 +428,7 @@ class TestOneGroupOnTwoNodes:
             os.kill(pid, signal.SIGKILL)
             with pytest.raises((ChannelTimeout, ChannelClosed)):
                 while True:
-                    start = time.monotonic()
                     killed.get(key="k", timeout=2)
-                    assert time.monotonic() - start < 2 + GENEROUS_S  # the get ends at its timeout, not at a hang
-            assert time.monotonic() - start < 2 + GENEROUS_S
         finally:
             ray.kill(producer)  # (killed already when the test gets this far)
 
@@ -445,22 +442,20 @@ class TestOneGroupOnTwoNodes:
         assert [i["cuda_visible"] for i in infos] == ["", ""]  # Ray's own CUDA_VISIBLE_DEVICES was replaced by ours
         # at the driver's niceness, not Ray's 15 for its workers (both nodes are this machine: their pids are ours)
         assert [os.getpriority(os.PRIO_PROCESS, i["pid"]) for i in infos] == [os.getpriority(os.PRIO_PROCESS, 0)] * 2
+        slept_at = time.monotonic()  # rank 0's sleep of 60 s starts after this: it cannot end before slept_at + 60
         with pytest.raises(TimeoutError, match=r"Echo\.sleep\(\) did not return from rank\(s\) \[0\] within 1 s"):
             group.execute_on(0).sleep(60).wait(timeout=1)
         pending = group.sleep(30)  # rank 1 sleeps (rank 0 is still in its sleep of 60 s)
         pid = infos[1]["pid"]
         os.kill(pid, signal.SIGKILL)
-        start = time.monotonic()
         with pytest.raises(WorkerDiedError, match=rf"Echo rank 1 \(pid {pid}\) died with Ray actor died"):
             Channel.create("never", two_nodes).get(key="never", timeout=20)
         with pytest.raises(WorkerDiedError, match=rf"^Echo rank 1 \(pid {pid}\) died with Ray actor died"):
             pending.wait()
-        assert time.monotonic() - start < 20  # both beat the get's 20 s timeout: the death, not the timeout, ended them
         SHARED.clear()
         assert sorted(alive_actors()) == ["_ChannelActor", "_RankActor"]  # rank 0, hung (the check below can fail)
-        start = time.monotonic()
         two_nodes.shutdown()  # the hung rank is killed after the grace period
-        assert time.monotonic() - start < GENEROUS_S * 3  # not the hung rank's 60 s sleep
+        assert time.monotonic() < slept_at + 60  # it killed the hung rank: its sleep of 60 s had not ended
         assert alive_actors() == []  # the cluster's shutdown waited for every actor to be gone
 
 
@@ -515,10 +510,8 @@ def test_one_node_kernel_queues_a_killed_rank_ends_the_wait_and_leaves_nothing(r
         assert torch.equal(channel.get(key="k", timeout=20), big) and channel.get(key="k", timeout=20) == {"small": 1}
         assert list(shm.SHM_DIR.glob(f"{shm.PREFIX}{c.run_id}_*"))  # the rank's segment (the check can fail)
         os.kill(pid, signal.SIGKILL)
-        start = time.monotonic()
         with pytest.raises(WorkerDiedError, match=rf"Echo rank 0 \(pid {pid}\) died with Ray actor died"):
-            channel.get(key="never", timeout=20)
-        assert time.monotonic() - start < 20
+            channel.get(key="never", timeout=20)  # the death, not the timeout: the exception says which
     finally:
         c.shutdown()
     assert list(shm.SHM_DIR.glob(f"{shm.PREFIX}{c.run_id}_*")) == []
