@@ -371,8 +371,9 @@ class TestOneGroupOnTwoNodes:
         assert waiting.wait() == [["first", "late"]]
         waits = [(start, end) for _, _, name, _, start, end in group.execute_on(1).trace_drain().wait()[0]
                  if name == "wait_get"]
-        # by events: the one wait began before the item it waited for was put, and ended after (one clock, one host)
-        assert len(waits) == 1 and waits[0][0] < put_ns < waits[0][1], (waits, put_ns)
+        # by events: a wait began before the item it waited for was put and ended after it (one clock, one host);
+        # the first get may have waited too, for the first item's pipelined put
+        assert 1 <= len(waits) <= 2 and waits[-1][0] < put_ns < waits[-1][1], (waits, put_ns)
         group.trace_enable(False).wait()
 
     def test_a_lent_buffer_follows_the_same_rules_on_ray(self, echo):

@@ -66,6 +66,10 @@ def test_an_address_where_no_cluster_answers_is_one_line(tmp_path):
         f"error: RAY_ADDRESS: no Ray cluster answers at {env['RAY_ADDRESS']}"), done.stderr
 
 
+# the `ray` command of the Python running the tests (a venv used without activating it has it beside python)
+RAY_CLI = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray") or "ray"
+
+
 @pytest.fixture(scope="module")
 def outside_cluster():
     """`ray start --head --block` in a process group of its own, with its own temp folder (Ray's temp folder of the
@@ -74,7 +78,7 @@ def outside_cluster():
     marker = uuid.uuid4().hex
     port = _free_port()
     env = {**os.environ, MARK: marker, "RAY_TMPDIR": root, **NO_TOKEN}
-    head = subprocess.Popen([shutil.which("ray") or "ray", "start", "--head", "--block", "--port", str(port),
+    head = subprocess.Popen([RAY_CLI, "start", "--head", "--block", "--port", str(port),
                              "--num-cpus", "2", "--temp-dir", f"{root}/ray", "--include-dashboard", "false",
                              "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
