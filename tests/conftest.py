@@ -187,10 +187,21 @@ LONGEST_FIRST = ["test_faults.py",  # ~70 s: 15 training runs, 3 at a time
                  "test_ray.py"]
 
 
+# The unit tier, `pytest -m unit`: every stage's oracle tests (placement, sync, the rollout pipeline on the inline
+# backend, advantages, the losses and the update) and the config, models and envs; no worker processes beyond the
+# pipeline's inline runs, no tutorials, no fault runs, no Ray. docs/testing.md lists the tiers.
+UNIT_FILES = {"test_advantages.py", "test_losses.py", "test_placement.py", "test_pipeline.py", "test_models.py",
+              "test_config.py", "test_config_load.py", "test_envs.py", "test_vla.py", "test_reasoning.py",
+              "test_reasoning_data.py", "test_reasoning_generation.py", "test_reasoning_verifier.py",
+              "test_port_config.py", "test_tracer.py", "test_channel.py"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     for item in items:
+        if item.path.name in UNIT_FILES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.unit)
         if item.path.name != "test_tutorials.py":
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     items.sort(key=lambda item: rank.get(f"{item.path.name}::{item.name}", rank.get(item.path.name, len(rank))))
