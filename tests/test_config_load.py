@@ -152,3 +152,14 @@ def test_composition_interpolation_and_overrides_match_hydra_compose(tmp_path, o
             theirs = OmegaConf.to_container(hydra.compose(config_name="main", overrides=overrides), resolve=True)
     assert ours == theirs
     assert ours["algorithm"]["sampling_params"]["max_new_tokens"] == ours["runner"]["seq_length"] - 16
+
+
+def test_registering_rlinfs_resolvers_warns_on_neither_omegaconf_2_3_nor_2_4():
+    # OmegaConf 2.4 deprecates register_new_resolver (a UserWarning in every run's console); 2.3 has only that name
+    from rlinf_mini.config import yaml_tree
+
+    yaml_tree._omegaconf.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        omegaconf = yaml_tree._omegaconf()
+        assert omegaconf.create({"n": "${multiply:3,4}"}).n == 12

@@ -107,10 +107,15 @@ _KEY_PART = re.compile(r"\[([^\]]*)\]|([^.\[\]]+)")
 def _omegaconf() -> Any:
     """omegaconf.OmegaConf, imported on first use (~60 ms) with RLinf's resolvers registered (replace=True: an
     `import rlinf` in the same process registers the same functions)."""
+    import omegaconf
     from omegaconf import OmegaConf
 
+    # OmegaConf 2.4 renamed register_new_resolver to register_resolver (the old name warns); in 2.3
+    # register_resolver is the legacy string-only API
+    new_api = tuple(int(part) for part in omegaconf.__version__.split(".")[:2]) >= (2, 4)
+    register = OmegaConf.register_resolver if new_api else OmegaConf.register_new_resolver
     for name, fn in RESOLVERS.items():
-        OmegaConf.register_new_resolver(name, fn, replace=True)
+        register(name, fn, replace=True)
     return OmegaConf
 
 
