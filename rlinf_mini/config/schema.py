@@ -79,7 +79,8 @@ class RunnerConfig:
     weight_sync_interval: int = 1
     """Copy the actor's weights to the rollout every N steps."""
     progress_bar: bool = True
-    """rlinf_mini: show a tqdm progress bar on the console."""
+    """rlinf_mini: show a tqdm progress bar on the console when stderr is a terminal (off a terminal, as in a log
+    file, only the one-line summaries are printed)."""
     log_interval: int = 1
     """rlinf_mini: print a one-line summary every N steps."""
     seq_length: int = 32

@@ -46,6 +46,17 @@ def find_latest_checkpoint(run_dir: Path) -> Path | None:
     return max(folders, key=lambda p: int(p.name.rsplit("_", 1)[1]), default=None)
 
 
+
+def progress_bar(wanted: bool, total: int, initial: int, stream):
+    """A tqdm bar on `stream` when wanted and the stream is a terminal, else None. Off a terminal (a log file, nohup,
+    CI) a bar's carriage-return redraws would run into the metric lines: those lines alone are printed, one per
+    runner.log_interval steps and one per eval."""
+    if not (wanted and stream.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", file=stream, dynamic_ncols=True)
+
 class Runner:
     """What a half sets: `groups` (every worker group, for traces and RNG state), `EVAL_KEY` (the metric that makes
     an eval step print), `PROGRESS_BAR` (whether runner.progress_bar applies), `TRACE_WINDOW` (the driver span whose
@@ -136,12 +147,7 @@ class Runner:
         """Train until max steps; returns the per-step metrics (also in metrics.jsonl)."""
         cfg = self.cfg.runner
         self.logger = MetricLogger(cfg.logger, self.run_dir, resume_step=self.global_step)
-        bar = None
-        if self.PROGRESS_BAR and cfg.progress_bar:
-            from tqdm import tqdm
-
-            bar = tqdm(total=self.max_steps, initial=self.global_step, desc="train", file=sys.stderr,
-                       dynamic_ncols=True)
+        bar = progress_bar(self.PROGRESS_BAR and cfg.progress_bar, self.max_steps, self.global_step, sys.stderr)
         try:
             if self.global_step == 0 and cfg.val_before_train and cfg.val_check_interval > 0:
                 self.update_rollout_weights()
