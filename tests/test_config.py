@@ -329,7 +329,7 @@ def test_help_lists_every_key_with_its_docstring(cli_runs):
         first_words = " ".join(doc.split()[:6])
         assert first_words in text, f"{path}: docstring {first_words!r} is not in --help"
     # and nothing else: every flag in the help is a key of the schema (or its 'no-' form for a bool)
-    flags = {f.rstrip(",") for f in re.findall(r"--([\w.,-]+)", text)} - {"help", "config"}
+    flags = {f.rstrip(",") for f in re.findall(r"--([\w.,-]+)", text)} - {"help", "config", "explain"}
     known = {p.replace("_", "-") for p in leaves}
     for flag in flags:
         section, _, key = flag.rpartition(".")
@@ -369,7 +369,7 @@ PLACEMENT = {"env": 0, "rollout": 1, "actor": "0-1"}  # embodied.yaml's: env ran
 BAD_YAML = {  # id -> (sections merged into embodied.yaml, a string the error must name); "{tmp}" is tmp_path
     "unknown_top_level_key": ({"foo": 1}, "foo: unknown key"),
     "unknown_nested_key": ({"actor": {"optim": {"lrr": 0.1}}}, "actor.optim.lrr: unknown key"),
-    "unknown_key_suggests": ({"actor": {"optim": {"value_l": 0.1}}}, "did you mean 'value_lr'"),
+    "unknown_key_suggests": ({"actor": {"optim": {"value_l": 0.1}}}, "did you mean 'actor.optim.value_lr'"),
     "string_for_int": ({"actor": {"global_batch_size": "abc"}}, "actor.global_batch_size: expected an integer"),
     "float_for_int": ({"runner": {"max_epochs": 2.5}}, "runner.max_epochs: expected an integer"),
     "null_for_int": ({"runner": {"max_epochs": None}}, "runner.max_epochs: expected an integer"),
@@ -457,7 +457,11 @@ BAD_COMMAND_LINE = {  # id -> (arguments after --config embodied.yaml, a string 
                                                                       "for int() with base 10: 'abc'"),
     "bad_choice": (["--algorithm.adv-type", "ppo"], "--algorithm.adv-type"),
     "missing_value": (["--actor.global-batch-size"], "--actor.global-batch-size"),
-    "unknown_flag": (["--actor.optim.lrr", "0.1"], "--actor.optim.lrr"),
+    "unknown_flag": (["--actor.optim.lrr", "0.1"], "--actor.optim.lrr: unknown flag (actor.optim has no key 'lrr'; "
+                                                    "did you mean --actor.optim.lr?)"),
+    "unknown_flag_with_equals": (["--actor.optim.lrr=1e-3"], "did you mean --actor.optim.lr?"),
+    "unknown_section_flag": (["--actr.optim.lr", "1e-3"], "no section 'actr'; did you mean --actor.optim.lr?"),
+    "unknown_key_override": (["actor.optim.lrr=1e-3"], "actor.optim.lrr: unknown key (did you mean 'actor.optim.lr'?)"),
     "unknown_placement_component": (["--cluster.component-placement.critic", "0"],
                                     "--cluster.component-placement.critic"),
     "bad_placement": (["--cluster.component-placement.actor", "0-"], "cluster.component_placement.actor"),
@@ -562,3 +566,10 @@ def test_batch_arithmetic_checks_the_eval_split_too():
     cfg.env.eval.total_num_envs = 6
     with pytest.raises(ConfigError, match=r"^test: env\.eval\.total_num_envs: 6 is not divisible .* = 4 x 1 x 1 = 4$"):
         check_batch_arithmetic(cfg, 4, 4, 1, "test")
+
+
+def test_help_names_config_and_explain(capsys):
+    with pytest.raises(SystemExit):
+        load_config(["--help"])
+    text = capsys.readouterr().out
+    assert "--config FILE" in text and "--explain" in text

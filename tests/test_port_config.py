@@ -221,7 +221,7 @@ def test_every_unknown_key_of_a_file_in_one_line_with_right_or_absent_hints(tmp_
         load_config(["--config", str(file)])
     line = str(err.value)
     assert "\n" not in line and line.startswith(f"{file}: 4 unknown keys: ")
-    assert "algorithm.update_epochs (did you mean 'update_epoch'?)" in line
+    assert "algorithm.update_epochs (did you mean 'algorithm.update_epoch'?)" in line
     for key in ("algorithm.kl_penalty", "rollout.sampling_params.temperature_eval", "actor.fsdp_config"):
         assert f"{key}," in line or f"{key};" in line  # named, with no hint: none would be right
     assert "temperature_train'?" not in line and "port_config" in line

@@ -105,16 +105,31 @@ def _dataclass_from_dict(cls: type, data: dict, path: str, source: str) -> Any:
     return cls(**kwargs)
 
 
+def _one_edit_apart(a: str, b: str) -> bool:
+    """One letter inserted, deleted or replaced turns a into b (`lrr` -> `lr`, `seeed` -> `seed`)."""
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return a[i + 1:] == b[i + 1:] or a[i + 1:] == b[i:] or a[i:] == b[i + 1:]
+
+
+def closest_key(key: str, keys: list[str]) -> str | None:
+    """The key meant by a misspelling: a near spelling (difflib ratio >= 0.85, so `temperature_eval` does not suggest
+    `temperature_train`), or one letter off (what the ratio misses in a short key: `lrr` for `lr`)."""
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.85)
+    return close[0] if close else next((k for k in keys if _one_edit_apart(key, k)), None)
+
+
 def unknown_keys(cls: type, data: dict, path: str = "") -> list[tuple[str, str]]:
-    """Every key path in `data` that the schema `cls` does not have, with a hint where one is likely right (a near
-    spelling: difflib ratio >= 0.85, so `temperature_eval` does not suggest `temperature_train`), else ''."""
+    """Every key path in `data` that the schema `cls` does not have, with a hint where one is likely right
+    (closest_key), else ''."""
     hints = typing.get_type_hints(cls)
     out = []
     for key, value in _with_make_kwargs(cls, data).items():
         key_path = f"{path}.{key}" if path else str(key)
         if key not in hints:
-            close = difflib.get_close_matches(str(key), list(hints), n=1, cutoff=0.85)
-            out.append((key_path, f" (did you mean {close[0]!r}?)" if close else ""))
+            close = closest_key(str(key), list(hints))
+            out.append((key_path, f" (did you mean {f'{path}.{close}' if path else close!r}?)" if close else ""))
         elif dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
             out += unknown_keys(hints[key], value, key_path)
     return out
@@ -164,6 +179,31 @@ def _one_line_tyro_error(text: str) -> str:
     return lines[1] if len(lines) > 1 else (lines[0] if lines else "invalid command line")
 
 
+def unknown_flag(arg: str) -> str | None:
+    """For a `--section.key[=value]` argument whose key path the schema lacks: one line naming it, with the closest
+    key path as a hint; else None (tyro reads it, and reports what else is wrong with it). Read from the schema, not
+    from tyro's message, which lists a value such as `1e-3` as a second unknown argument and hints nothing."""
+    if not arg.startswith("--") or arg in ("--help", "--config"):
+        return None
+    flag = arg.split("=", 1)[0]
+    parts = flag[2:].replace("-", "_").split(".")
+    cls: Any = TrainConfig
+    for depth, part in enumerate(parts):
+        hints = typing.get_type_hints(cls)
+        last = depth == len(parts) - 1
+        if part in hints or (last and part.startswith("no_") and part[3:] in hints):  # tyro's --x.no-flag
+            if not dataclasses.is_dataclass(hints.get(part)):
+                return None  # a value, or a dict such as cluster.component_placement: tyro checks its keys
+            cls = hints[part]
+            continue
+        prefix = ".".join(parts[:depth])
+        close = closest_key(part, list(hints))
+        hint = "--" + ".".join([*parts[:depth], close, *parts[depth + 1:]]).replace("_", "-") if close else ""
+        where = f"{prefix} has no key {part!r}" if prefix else f"no section {part!r}"
+        return f"{flag}: unknown flag ({where}{f'; did you mean {hint}?' if hint else ''})"
+    return None
+
+
 _OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)+)=(.*)$", re.S)
 
 
@@ -192,6 +232,16 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
     return rest, overrides
 
 
+HELP_HEAD = f"""{TrainConfig.__doc__}
+
+--config FILE: the run's YAML (RLinf's schema); keys not in it keep the defaults shown below.
+
+--explain: print the plan (placement, devices, batches, every check) and start nothing.
+
+Overrides: actor.optim.lr=1e-3 (Hydra style, applied after the file), or the flags below (--actor.optim.lr 1e-3),
+which win over both."""
+
+
 def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainConfig:
     """Parse `[--config FILE] [section.key=value ...] [--section.key VALUE ...]` into a validated TrainConfig.
 
@@ -210,11 +260,16 @@ def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainCo
     source = (file or "defaults") + (" + command line" if overrides else "")
     default = config_from_tree(read_yaml_tree(file, overrides), source) if file or overrides else TrainConfig()
     cfg = default  # no `--key value` left: tyro would build its parser (~0.1 s) only to return the default
+    for arg in argv:
+        message = unknown_flag(arg)
+        if message:
+            raise ConfigError(f"command line: {message}")
     if argv:
         import tyro  # imported here so that reading YAML alone (tests, tutorials, runs without flags) stays light
 
         if "-h" in argv or "--help" in argv:
-            tyro.cli(TrainConfig, default=default, args=argv, prog="python -m rlinf_mini.train [--config FILE]")
+            tyro.cli(TrainConfig, default=default, args=argv, prog="python -m rlinf_mini.train [--config FILE]",
+                     description=HELP_HEAD)
         captured = io.StringIO()
         try:
             with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
