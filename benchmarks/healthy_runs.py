@@ -137,7 +137,7 @@ METRICS = [  # the order of the page's rows; a recipe shows those its runs logge
     Metric("time/trace/bubble/rollout_waits", "share of the rollout phase in which the rollout waits for "
            "observations", "near 100%: the env is the bottleneck (more env ranks, or more pipeline stages)",
            percent=True),
-    Metric("time/step", "seconds of one training step (load-dependent: see the load average of the runs)",
+    Metric("time/step", "seconds of one training step (it depends on how busy the machine is: the JSON records each run's load)",
            "growing step after step on a quiet machine: something accumulates (`python -m benchmarks.soak`)"),
 ]
 EVAL_PREFIX = "eval/"
@@ -312,10 +312,9 @@ def render_recipe(entry: dict) -> list[str]:
     budget = (f"{entry['max_epochs']} steps (a shorter budget than the config's {entry['config_max_epochs']}: "
               f"{entry['note']})" if entry["max_epochs"] is not None else f"the full run ({entry['config_max_epochs']} "
               "steps)")
-    loads = [x for r in runs for x in r["load"]]
-    lines += [f"Budget: {budget}; {len(runs)} seed(s); commit {entry['commit']}, measured {entry['date']}. "
-              f"A run took {_span([r['wall_s'] for r in runs])} s wall, {_span([r['cpu_s'] for r in runs])} s of "
-              f"CPU (load average {_span(loads, '.1f')} on 2 cores). Seed 0's command:", "",
+    lines += [f"Budget: {budget}; {len(runs)} seed(s). A run took {_span([r['wall_s'] for r in runs])} s wall, "
+              f"{_span([r['cpu_s'] for r in runs])} s of CPU on 2 cores (the commit, date and load of each run are "
+              "in benchmarks/healthy_runs.json). Seed 0's command:", "",
               f"    {runs[0]['command']}", ""]
     failed = [r for r in runs if r["exit_code"] != 0]
     for r in failed:
@@ -352,7 +351,7 @@ def render(data: dict) -> str:
              "",
              "Each shipped config was trained over 3 seeds (seed k adds k to `actor.seed` and `env.train.seed`, or "
              "`data.seed` for reasoning; the eval episodes stay the same) on the project's 2-core CPU machine, "
-             "shared with other jobs (the load average is given per config). For each metric that `metrics.jsonl` "
+             "shared with other jobs (benchmarks/healthy_runs.json records each run's commit, date and load). For each metric that `metrics.jsonl` "
              "logs, the tables give its median and its 10th to 90th percentile over the training steps of the first "
              "and the last third of the run, all seeds pooled; for eval metrics, the first and the last evaluation, "
              "lowest to highest seed. A run of yours whose figures stay inside these ranges is behaving like "

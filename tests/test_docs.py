@@ -478,3 +478,29 @@ def test_a_name_the_code_lacks_is_found(code_names):
            "algorithm.gama\nEmbodiedRunner.run() EmbodiedRunner.walk()\n")
     assert unresolved_names(box, GROUPS["ppo"], code_names) == ["actor.run_trainnig(", "compute_gea(", "step(",
                                                                 "EmbodiedRunner.walk(", "algorithm.gama"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The README a newcomer reads, and the pages it leads to
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bload (?:average )?~?\d|\bthis round\b")
+
+
+def test_the_readme_is_short_and_its_first_block_holds_the_two_commands():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    first = text.split("```", 2)[1]
+    commands = [ln for ln in first.splitlines()[1:] if ln.strip() and not ln.lstrip().startswith("#")]
+    assert len(commands) == 2 and "rlinf_mini.train" in commands[0] and commands[1].endswith("pytest"), commands
+    assert all(c.startswith("pip install torch==2.13.0 && ") for c in commands)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_a_page_has_no_dated_or_load_sentence_and_its_links_resolve(page):
+    text = page.read_text()
+    dated = [m.group(0) for m in DATED.finditer(text)]
+    assert not dated, f"{page.name}: {dated}: a figure's date and load belong in its benchmarks/*.json"
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if not re.match(r"[a-z]+://", target):
+            assert (page.parent / target).exists(), f"{page.name}: the link {target} leads nowhere"

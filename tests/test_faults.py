@@ -50,16 +50,15 @@ BASE = dict(  # 3 worker processes (each run spends most of its time starting th
 MARKER_VAR = "RLINF_MINI_TEST_FAULT_RUN"  # inherited by every worker: finds the run's processes in /proc
 BROKEN_ENV = {"env_type": "gymnasium", "max_episode_steps": 8}
 DATA_PARALLEL = {"cluster": {"component_placement": {"env,rollout": "0", "actor": "0-1"}}}  # NaN flags must agree
-HANG_TIMEOUT_S = 15  # the hang cases' cluster.timeout_s: every wait's, the ranks' start too (8 s was too short
-# for an inline run's init_worker at load average 13)
+HANG_TIMEOUT_S = 15  # the hang cases' cluster.timeout_s: every wait's, the ranks' start too (an inline run's
+# init_worker takes seconds on a busy machine)
 # A death or an exception is noticed by the event itself (a rank's pipe closes, its error arrives), not by the 60 s
-# timeout every wait has (BASE): the driver's stop must come in under half of it (6-10 s at load average 15).
+# timeout every wait has (BASE): the driver's stop must come in under half of it (a few seconds on a busy machine).
 NOTICE_LIMIT_S = BASE["cluster"]["timeout_s"] / 2
 # A hang is reported once HANG_TIMEOUT_S has passed (not before), and within this much more: the rank's timeout fires
-# and the driver stops the others (3.5-5 s more at load average 15; the inline driver's own timeout is timeout_s +
-# 5 s).
+# and the driver stops the others (the inline driver's own timeout is timeout_s + 5 s).
 HANG_REPORT_LIMIT_S = 60
-STOP_LIMIT_S = 30  # SIGTERM / Ctrl-C: the run stops (7 s at load average 15) instead of training 1000 epochs
+STOP_LIMIT_S = 30  # SIGTERM / Ctrl-C: the run stops instead of training 1000 epochs
 LEFTOVER_WAIT_S = 10  # a run's processes end within this of its driver's exit (event-bounded, see _Started.finish)
 RUN_GUARD_S = 240  # a hang guard: a run not ended by then is killed, and its test fails saying so
 pytestmark = pytest.mark.timeout(1200)  # the module fixture's 15 runs count against the first test's limit
@@ -176,8 +175,8 @@ class _Started:
     def finish(self) -> Run:
         self.tick()
         seconds = time.monotonic() - self.start
-        # SIGKILLed processes end (and are reaped) a moment after the driver: under load that moment grew past 0.2 s
-        # (a "leftover" second_ctrl_c rank at load 10), so wait for the event, bounded; a process that outlives the run
+        # SIGKILLed processes end (and are reaped) a moment after the driver: under load that moment can grow
+        # past a fixed grace, so wait for the event, bounded; a process that outlives the run
         # is still there at the bound
         deadline = time.monotonic() + LEFTOVER_WAIT_S
         while _marked(self.marker) and time.monotonic() < deadline:

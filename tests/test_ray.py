@@ -124,7 +124,7 @@ def collect(tmp_path, placement: dict, num_devices: int, **cluster) -> tuple:
 # actor ranks on devices 1 and 2, env and rollout on device 3. With 2 nodes of 2 devices: actor rank 0 on node 0,
 # actor rank 1 and the rollout on node 1. Each device is one CPU core (the same cores on every backend).
 PLACEMENT = {"actor": "1-2", "env,rollout": "3"}
-GENEROUS_S = 10  # slack on top of an event's own bound (a timeout, a grace period) that load 15 on 2 cores stays in
+GENEROUS_S = 10  # slack on top of an event's own bound (a timeout, a grace period) that a busy 2-core machine stays in
 
 
 def test_local_ray_and_ray_on_two_nodes_train_bitwise_the_same(ray_cluster, tmp_path):

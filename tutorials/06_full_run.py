@@ -284,9 +284,8 @@ assert len(errors) == 1 and re.fullmatch(r"error: EnvGroup rank 0 \(pid \d+\) di
 #
 #     python -m rlinf_mini.train --config configs/embodied.yaml
 #
-# trains the tiny VLA on PixelReach-v0 for 300 steps: eval success 0.09 at step 0 → 0.91 at step 300, which took
-# 2 min 27 s on the quiet 2-core machine and 15 min 30 s on the same machine at load average 10-19 (README,
-# Results) — too long for a tutorial, so we
+# trains the tiny VLA on PixelReach-v0 for 300 steps (docs/performance.md has its curve) — minutes on 2 cores, too
+# long for a tutorial, so we
 # read its config here and make one eval gif the way its eval does: the default config's eval env, the recorder
 # that `EnvWorker.evaluate` uses (`rlinf_mini/envs/video.py::EvalVideoRecorder`), and random actions in place of
 # the policy, for one eval episode of `max_steps_per_rollout_epoch` / C = 6 chunk steps.
