@@ -137,7 +137,8 @@ METRICS = [  # the order of the page's rows; a recipe shows those its runs logge
     Metric("time/trace/bubble/rollout_waits", "share of the rollout phase in which the rollout waits for "
            "observations", "near 100%: the env is the bottleneck (more env ranks, or more pipeline stages)",
            percent=True),
-    Metric("time/step", "seconds of one training step (it depends on how busy the machine is: the JSON records each run's load)",
+    Metric("time/step", "seconds of one training step (it depends on how busy the machine is: the JSON records "
+           "each run's load)",
            "growing step after step on a quiet machine: something accumulates (`python -m benchmarks.soak`)"),
 ]
 EVAL_PREFIX = "eval/"
@@ -351,7 +352,8 @@ def render(data: dict) -> str:
              "",
              "Each shipped config was trained over 3 seeds (seed k adds k to `actor.seed` and `env.train.seed`, or "
              "`data.seed` for reasoning; the eval episodes stay the same) on the project's 2-core CPU machine, "
-             "shared with other jobs (benchmarks/healthy_runs.json records each run's commit, date and load). For each metric that `metrics.jsonl` "
+             "shared with other jobs (benchmarks/healthy_runs.json records each run's commit, date and load). For "
+             "each metric that `metrics.jsonl` "
              "logs, the tables give its median and its 10th to 90th percentile over the training steps of the first "
              "and the last third of the run, all seeds pooled; for eval metrics, the first and the last evaluation, "
              "lowest to highest seed. A run of yours whose figures stay inside these ranges is behaving like "
