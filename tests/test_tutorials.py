@@ -3,7 +3,8 @@ the reference answer), in the user's checkout after their runs of every shipped 
 which it leaves as it was; it writes its pictures, leaves no shared memory behind, is listed in README's Learning path
 table (its time is printed beside the table's, never asserted: load stretches any wall time), and opens as a
 notebook with the fixed sections and a link to the glossary. Two mutated copies prove that a false claim or a wrong
-exercise answer fails the run; a plausible wrong answer to each exercise of 00-03 fails with a message that names the case and the first place that differs."""
+exercise answer fails the run; a plausible wrong answer to each exercise of 00-03 fails with a message that names
+the case and the first place that differs."""
 
 from __future__ import annotations
 
