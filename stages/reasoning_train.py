@@ -27,12 +27,11 @@ import torch
 from rlinf_mini.models.tiny_lm import load_causal_lm
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
-from rlinf_mini.scheduler.worker import Worker
 from rlinf_mini.utils.precision import autocast
-from stages.losses import kl_penalty
+from stages.actor_core import ActorCore, build_lr_scheduler, update_loop
+from stages.losses import compute_ppo_actor_loss, kl_penalty
 from stages.reasoning_rollout import position_ids_of
-from stages.sync import WeightBufferHandle, WeightSender
-from stages.train import build_lr_scheduler, compute_ppo_actor_loss
+from stages.sync import WeightSender
 
 
 def compute_grpo_token_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int
@@ -92,7 +91,7 @@ def stack_chunks(chunks: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     }
 
 
-class ReasoningActorWorker(Worker):
+class ReasoningActorWorker(ActorCore):
     def init_worker(self) -> None:
         """The model from actor.model.model_path (identical on every rank), AdamW, and a frozen reference copy when
         kl_beta > 0."""
@@ -108,13 +107,6 @@ class ReasoningActorWorker(Worker):
         self.lr_scheduler = build_lr_scheduler(self.optimizer, o)
         self.sender = WeightSender() if self._rank == 0 else None
         self.global_step = 0
-
-    def sync_model_to_rollout(self, handles: list[WeightBufferHandle], version: int) -> dict[str, float]:
-        if self.sender is None:
-            return {}
-        start = time.monotonic()
-        nbytes = self.sender.send(self.model, handles, version)
-        return {"sync/bytes": float(nbytes), "sync/seconds": time.monotonic() - start}
 
     def _logprobs(self, model, b: dict, idx: torch.Tensor) -> torch.Tensor:
         with autocast(self.cfg.actor.model.precision, self.device):  # bf16 on a GPU when asked (fp32 masters)
@@ -149,39 +141,18 @@ class ReasoningActorWorker(Worker):
             if self.ref_model is not None:
                 b["ref_logprobs"] = torch.cat([self._logprobs(self.ref_model, b, everything[i:i + mbs])
                                                for i in range(0, n, mbs)])
-        per_rank_batch = cfg.global_batch_size // self._world_size
-        accum = per_rank_batch // cfg.micro_batch_size
-        totals: dict[str, float] = {}
-        count = 0
-        self.model.train()
-        for epoch in range(algo.update_epoch):
-            seed = ((cfg.seed * 1_000_003 + global_step) * 1009 + epoch) * 101 + self._rank  # resumes identically
-            gen = torch.Generator().manual_seed(seed)
-            perm = torch.randperm(n, generator=gen)
-            for s in range(0, n, per_rank_batch):
-                self.optimizer.zero_grad(set_to_none=True)
-                for m in range(accum):
-                    idx = perm[s + m * cfg.micro_batch_size: s + (m + 1) * cfg.micro_batch_size]
-                    with span("forward_backward"):
-                        loss, metrics = self._micro_batch_loss(b, idx)
-                        (loss / accum).backward()
-                    for k, v in metrics.items():
-                        totals[k] = totals.get(k, 0.0) + float(v)
-                    count += 1
-                self._average_gradients()
-                if cfg.optim.clip_grad > 0:
-                    grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad)
-                    totals["actor/grad_norm"] = totals.get("actor/grad_norm", 0.0) + float(grad_norm) * accum
-                totals["actor/lr"] = totals.get("actor/lr", 0.0) + self.optimizer.param_groups[0]["lr"] * accum
-                with span("optimizer_step"):
-                    self.optimizer.step()
-                    self.lr_scheduler.step()
+        means, skipped = update_loop(self.model, self.optimizer, n, lambda model, idx: self._micro_batch_loss(b, idx),
+                                     cfg, update_epoch=algo.update_epoch, global_step=global_step, rank=self._rank,
+                                     world_size=self._world_size, average_gradients=self._average_gradients,
+                                     step_is_finite=self._step_is_finite, lr_scheduler=self.lr_scheduler)
         self.model.eval()
         sums = self.all_reduce(torch.tensor([float(b["rewards"].sum()), float(n), float(mask.sum())],
                                             device=self.device))
-        out = {f"train/{k}": v / count for k, v in sorted(totals.items())}
+        out = {f"train/{k}": v for k, v in sorted(means.items())}
         result = self.all_reduce(torch.tensor(list(out.values()), device=self.device)) / self._world_size
         out = dict(zip(out, result.tolist(), strict=True))
+        if cfg.skip_nonfinite:
+            out["train/skipped_steps"] = float(skipped)
         out |= {"rollout/rewards": float(sums[0] / sums[1]), "rollout/response_length": float(sums[2] / sums[1]),
                 "rollout/staleness": float(global_step - b["versions"].mean()),
                 "time/actor/train": time.monotonic() - start}
@@ -208,31 +179,12 @@ class ReasoningActorWorker(Worker):
             metrics["kl"] = kl_loss.detach()  # train/kl: TRL's and veRL's users look for this one
         return loss, metrics
 
-    def _average_gradients(self) -> None:
-        """Mean of the ranks' gradients: one all-reduce of all gradients flattened (as stages/train.py does)."""
-        if self._world_size == 1:
-            return
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = self.all_reduce(torch.cat([g.reshape(-1) for g in grads])) / self._world_size
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    def get_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-
     def save_checkpoint(self, path: str) -> None:
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                     "lr_scheduler": self.lr_scheduler.state_dict()}, path)
 
     def load_checkpoint(self, path: str) -> None:
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        state = torch.load(path, map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-
-    def close(self) -> None:
-        if getattr(self, "sender", None) is not None:
-            self.sender.close()
-        self.close_collective()

@@ -8,15 +8,15 @@
 optimizer step per global_batch_size / W samples per rank, micro-batch gradients added up, then with W > 1 ranks one
 all-reduce of the flat gradient (`Worker.all_reduce`: DDP without its wrapper). Losses: `stages/losses.py`.
 RLinf counterpart: `rlinf/workers/actor/fsdp_actor_worker.py::EmbodiedFSDPActor` (recv_rollout_trajectories,
-compute_advantages_and_returns, run_training, train_micro_batch). Left out: FSDP, LoRA, offload, LR schedules.
+compute_advantages_and_returns, run_training, train_micro_batch). The update loop, the gradient all-reduce and the
+weight sync are the actor core's (`stages/actor_core.py`), shared with the reasoning actor. Left out: FSDP, LoRA,
+offload.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import os
-import time
 from collections.abc import Callable
 
 import torch
@@ -24,23 +24,17 @@ import torch
 from rlinf_mini.config import TrainConfig
 from rlinf_mini.envs import get_env_spec
 from rlinf_mini.models import build_policy
-from rlinf_mini.scheduler import faults
 from rlinf_mini.scheduler.channel import Channel
-from rlinf_mini.scheduler.tracer import span
-from rlinf_mini.scheduler.worker import Worker
 from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map
+from stages.actor_core import ActorCore, NonFiniteError, build_lr_scheduler, raise_if_not_finite, update_loop
 from stages.advantages import calculate_adv_and_returns, first_episode_mask
 from stages.losses import compute_ppo_actor_loss, compute_ppo_critic_loss, kl_penalty, masked_mean
 from stages.rollout import actor_pieces
-from stages.sync import WeightBufferHandle, WeightSender
+from stages.sync import WeightSender
 
 __all__ = ["ActorWorker", "NonFiniteError", "compute_micro_batch_loss", "compute_ppo_actor_loss",
-           "compute_ppo_critic_loss", "flatten_batch", "masked_mean", "update_policy"]
-
-
-class NonFiniteError(FloatingPointError):
-    """A NaN or inf in the loss or the gradients: the step is not taken (and no checkpoint holds it)."""
+           "compute_ppo_critic_loss", "flatten_batch", "masked_mean", "update_policy"]  # NonFiniteError: actor_core
 
 
 def flatten_batch(batch: dict) -> dict:
@@ -87,86 +81,27 @@ def compute_micro_batch_loss(policy: torch.nn.Module, mb: dict, cfg: TrainConfig
     return loss, metrics
 
 
-def _raise_if_not_finite(loss_finite: bool, grad_norm: float, where: str) -> bool:
-    if not (loss_finite and math.isfinite(grad_norm)):
-        raise NonFiniteError(f"non-finite loss or gradient norm ({where})")
-    return True
-
-
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim) -> torch.optim.lr_scheduler.LambdaLR:
-    """actor.optim's schedule as RLinf's FSDP actor builds it (`get_lr_scheduler`): linear warmup from 0 over
-    lr_warmup_steps (-1: lr_warmup_steps_ratio x total_training_steps), then 'constant', or 'cosine' down to the
-    floor over total_training_steps (transformers' schedule). Stepped after every optimizer step; its state goes in
-    the checkpoint."""
-    from torch.optim.lr_scheduler import LambdaLR
-
-    total = optim.total_training_steps
-    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total)
-    if optim.lr_scheduler == "cosine":
-        from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
-
-        # the floor as a share of lr: transformers divides min_lr by optimizer.defaults["lr"], which is AdamW's own
-        # 1e-3 when every param group brings its lr (the embodied actor's lr / value_lr groups)
-        rate = optim.min_lr_rate if optim.min_lr_rate is not None else optim.min_lr / optim.lr
-        return get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, total, optim.num_cycles,
-                                                           min_lr_rate=rate)
-    return LambdaLR(optimizer, lambda step: step / max(1.0, warmup) if step < warmup else 1.0)
-
-
 def update_policy(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: dict, cfg: TrainConfig, *,
                   global_step: int = 0, rank: int = 0, world_size: int = 1,
                   average_gradients: Callable[[], None] = lambda: None,
-                  step_is_finite: Callable[[bool, float, str], bool] = _raise_if_not_finite,
+                  step_is_finite: Callable[[bool, float, str], bool] = raise_if_not_finite,
                   lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                   ) -> tuple[dict[str, float], int]:
-    """`update_epoch` passes over this rank's flat samples [N, ...], one optimizer step per global_batch_size / W.
+    """`update_epoch` passes over this rank's flat samples [N, ...] (stages/actor_core.py::update_loop), with
+    compute_micro_batch_loss on each micro-batch. Returns (this rank's mean of every metric over the steps taken,
+    the number of steps skipped)."""
 
-    Returns (this rank's mean of every metric over the steps taken, the number of steps skipped). The shuffle
-    depends on (seed, step, epoch, rank) only, so a resumed run shuffles the same way.
-    """
-    actor, algo = cfg.actor, cfg.algorithm
-    n = flat["advantages"].shape[0]
-    per_rank_batch = actor.global_batch_size // world_size
-    accum = per_rank_batch // actor.micro_batch_size
-    totals: dict[str, float] = {}
-    count, skipped = 0, 0
-    policy.train()
-    for epoch in range(algo.update_epoch):
-        seed = ((actor.seed * 1_000_003 + global_step) * 1009 + epoch) * 101 + rank
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-        for start in range(0, n, per_rank_batch):
-            mb_idx = perm[start : start + per_rank_batch]
-            optimizer.zero_grad(set_to_none=True)
-            step_metrics: list[tuple[str, float]] = []  # this optimizer step's; dropped if it is skipped
-            loss_finite = True
-            for m in range(accum):
-                idx = mb_idx[m * actor.micro_batch_size : (m + 1) * actor.micro_batch_size]
-                mb = {k: tree_map(lambda t, i=idx: t[i], v) for k, v in flat.items()}
-                with span("forward_backward"):
-                    loss, metrics = compute_micro_batch_loss(policy, mb, cfg)
-                    loss = faults.poison(loss)  # NaN only while an injected kind=nan fault fires
-                    loss_finite = loss_finite and bool(torch.isfinite(loss))
-                    (loss / accum).backward()
-                step_metrics += [(k, float(v)) for k, v in metrics.items()]
-            average_gradients()
-            grad_norm = (torch.nn.utils.clip_grad_norm_(policy.parameters(), actor.optim.clip_grad)
-                         if actor.optim.clip_grad > 0 else _grad_norm(policy))
-            if not step_is_finite(loss_finite, float(grad_norm), f"update epoch {epoch}, sample {start}"):
-                skipped += 1
-                continue
-            step_metrics.append(("actor/grad_norm", float(grad_norm) * accum))
-            step_metrics.append(("actor/lr", optimizer.param_groups[0]["lr"] * accum))  # the lr of this step
-            for k, v in step_metrics:
-                totals[k] = totals.get(k, 0.0) + v
-            count += accum
-            with span("optimizer_step"):
-                optimizer.step()
-                if lr_scheduler is not None:
-                    lr_scheduler.step()
-    return {k: v / count for k, v in totals.items()}, skipped
+    def loss_fn(model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mb = {k: tree_map(lambda t: t[idx], v) for k, v in flat.items()}  # [n_mb, ...]
+        return compute_micro_batch_loss(model, mb, cfg)
+
+    return update_loop(policy, optimizer, flat["advantages"].shape[0], loss_fn, cfg.actor,
+                       update_epoch=cfg.algorithm.update_epoch, global_step=global_step, rank=rank,
+                       world_size=world_size, average_gradients=average_gradients, step_is_finite=step_is_finite,
+                       lr_scheduler=lr_scheduler)
 
 
-class ActorWorker(Worker):
+class ActorWorker(ActorCore):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
         self.global_step = 0
@@ -180,6 +115,7 @@ class ActorWorker(Worker):
         torch.manual_seed(self.cfg.actor.seed)  # same seed on every rank: identical initial weights
         self.policy = build_policy(self.cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
                                    self.cfg.rollout.sampling_params.temperature_train).to(self.device)
+        self.model = self.policy  # the name the actor core trains and syncs
         optim = self.cfg.actor.optim
         value_ids = {id(p) for p in self.policy.value_parameters()}
         groups = [{"params": [p for p in self.policy.parameters() if id(p) not in value_ids], "lr": optim.lr}]
@@ -195,15 +131,6 @@ class ActorWorker(Worker):
 
     def set_global_step(self, step: int) -> None:
         self.global_step = step
-
-    def sync_model_to_rollout(self, handles: list[WeightBufferHandle], version: int) -> dict[str, float]:
-        """Rank 0 writes its weights into every rollout rank's buffer (the others hold the same weights)."""
-        if self.sender is None:
-            return {}
-        start = time.monotonic()
-        nbytes = self.sender.send(self.policy, handles, version)
-        seconds = time.monotonic() - start
-        return {"sync/bytes": float(nbytes), "sync/seconds": seconds, "sync/GBps": nbytes / max(seconds, 1e-9) / 1e9}
 
     def recv_rollout_trajectories(self, actor_channel: Channel) -> int:
         """Take this rank's pieces of the global batch (in piece order) and stack them along the env axis."""
@@ -258,38 +185,6 @@ class ActorWorker(Worker):
         out["train/critic/explained_variance"] = float(1 - (y - v).var() / var_y) if var_y > 0 else float("nan")
         return out
 
-    def _average_gradients(self) -> None:
-        """Mean of the ranks' gradients, in place: one all-reduce of all gradients flattened into one vector.
-        Parameters without a gradient (the value head with loss_type 'actor') have none on every rank."""
-        if self._world_size == 1:
-            return
-        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
-        with span("grad_all_reduce"):
-            flat = self.all_reduce(torch.cat([g.reshape(-1) for g in grads])) / self._world_size  # [P]
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    def _step_is_finite(self, loss_finite: bool, grad_norm: float, where: str) -> bool:
-        """Every rank agrees (one all-reduce) whether any rank saw a non-finite loss or gradient norm. Then raise
-        NonFiniteError naming the step and the ranks, or, with actor.skip_nonfinite, drop the gradients and skip."""
-        # [W]: 2 where that rank's own loss was NaN/inf, 1 where only its gradients were (DDP spreads a NaN gradient
-        # to every rank, so the loss flag tells where it came from)
-        bad = torch.zeros(self._world_size, device=self.device)
-        bad[self._rank] = 2.0 if not loss_finite else float(not math.isfinite(grad_norm))
-        bad = self.all_reduce(bad)
-        if not bad.any():
-            return True
-        what = "loss" if (bad == 2).any() else "gradient norm"
-        ranks = (bad == bad.max()).nonzero().flatten().tolist()
-        msg = (f"non-finite {what} at global step {self.global_step} ({where}) on {self._group_name} rank(s) {ranks}")
-        if not self.cfg.actor.skip_nonfinite:
-            raise NonFiniteError(f"{msg}; the optimizer step was not taken (actor.skip_nonfinite: true skips it)")
-        self.log(f"{msg}: step skipped (actor.skip_nonfinite)")
-        self.optimizer.zero_grad(set_to_none=True)
-        return False
-
     # --- checkpoints -------------------------------------------------------------------------------------------------
 
     def save_checkpoint(self, folder: str) -> None:
@@ -309,19 +204,6 @@ class ActorWorker(Worker):
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
 
-    def get_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
-
     def get_rollout_batch(self) -> dict[str, torch.Tensor]:
         """This rank's trajectories (and, after stage 4, advantages): for tests and tutorials."""
         return {k: tree_map(lambda t: t.detach().cpu().clone(), v) for k, v in self.batch.items()}
-
-    def close(self) -> None:
-        if getattr(self, "sender", None) is not None:
-            self.sender.close()
-        self.close_collective()
-
-
-def _grad_norm(model: torch.nn.Module) -> torch.Tensor:
-    grads = [p.grad.norm() for p in model.parameters() if p.grad is not None]
-    return torch.stack(grads).norm() if grads else torch.tensor(0.0)

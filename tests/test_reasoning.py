@@ -370,3 +370,19 @@ def test_two_steps_resume_two_steps_equal_four_straight_bitwise(tiny):
         assert all(torch.equal(torch.as_tensor(pa[k]), torch.as_tensor(pb[k])) for k in pa)
     assert json.loads((dir_s / "checkpoints/global_step_4/runner.json").read_text()) == \
         json.loads((dir_r / "checkpoints/global_step_4/runner.json").read_text())
+
+
+def test_a_nan_step_is_skipped_by_the_shared_actor_core_as_in_the_embodied_half(tiny, monkeypatch):
+    """stages/actor_core.py's loop, the reasoning side of tests/test_faults.py's nan_loss_skipped: with
+    actor.skip_nonfinite, every optimizer step of the poisoned run_training() call is skipped and counted, the weights
+    stay those of the step before, and the next step trains again."""
+    tmp, _, _, _ = tiny
+    monkeypatch.setenv("RLMINI_FAULT", "group=ActorGroup,method=run_training,call=2,kind=nan")
+    run_dir, history = run(tmp, str(tmp / "model"), "nan_skipped", 3, {"actor": "0", "rollout,reward": "1"},
+                           "--actor.skip-nonfinite", "--runner.save-interval", "1")
+    skipped = [h["train/skipped_steps"] for h in history if "train/skipped_steps" in h]
+    assert skipped[0] == skipped[2] == 0 and skipped[1] >= 1, skipped
+    assert all(v == v for h in history for k, v in h.items() if k.startswith("train/"))  # no NaN logged
+    w1, w2, w3 = (weights(run_dir, s) for s in (1, 2, 3))
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)  # the skipped step changed nothing
+    assert not all(torch.equal(w2[k], w3[k]) for k in w2)

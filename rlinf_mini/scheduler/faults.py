@@ -11,7 +11,7 @@ of `method`, the fault fires:
     kill9   the process sends itself SIGKILL (as the OOM killer does)
     segv    the process sends itself SIGSEGV (as a crashing C extension does)
     hang    the method sleeps forever (a deadlock, a stuck simulator, a lost collective)
-    nan     the method runs, but `poison(loss)` turns its loss into NaN (the one hook, in stages/train.py)
+    nan     the method runs, but `poison(loss)` turns its loss into NaN (the one hook, in stages/actor_core.py)
 
 When RLMINI_FAULT is unset, the worker's command loop pays one `is None` check per call and nothing else.
 Tests use this module through the environment variable too, so the same faults can be tried from a shell.
