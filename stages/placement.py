@@ -45,6 +45,7 @@ Next stage: `stages/sync.py`, which moves weights from actor ranks to rollout ra
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -218,3 +219,11 @@ class ReasoningComponentPlacement(ComponentPlacement):
     def __init__(self, component_placement: dict[str, str], num_devices: int):
         super().__init__(component_placement, num_devices)
         _require_exactly(self, ("actor", "rollout", "reward"), "reasoning")
+
+
+def actor_pieces(env_world_size: int, actor_world_size: int) -> tuple[int, int]:
+    """(pieces per env rank, pieces per actor rank): how a step's trajectories are cut between the env ranks that make
+    them and the actor ranks that train on them, so that every actor rank gets an equal share (RLinf sends each env
+    rank's batch split over the actor ranks the same way)."""
+    lcm = math.lcm(env_world_size, actor_world_size)
+    return lcm // env_world_size, lcm // actor_world_size

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import time
 
 import torch
@@ -47,6 +46,7 @@ from rlinf_mini.scheduler.worker import Worker
 from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.seeding import counter_uniform
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map, tree_stack
+from stages.placement import actor_pieces
 from stages.sync import WeightBufferHandle, make_weight_receiver
 
 TRAJECTORY_KEYS = ("obs", "actions", "logprobs", "values", "rewards", "dones", "versions")
@@ -56,12 +56,6 @@ def env_ranks_of_rollout(rollout_rank: int, env_world_size: int, rollout_world_s
     """The env ranks served by one rollout rank: a contiguous block of env_world_size / rollout_world_size."""
     per = env_world_size // rollout_world_size
     return list(range(rollout_rank * per, (rollout_rank + 1) * per))
-
-
-def actor_pieces(env_world_size: int, actor_world_size: int) -> tuple[int, int]:
-    """(pieces per env rank, pieces per actor rank): each env rank's batch is cut so every actor gets equal shares."""
-    lcm = math.lcm(env_world_size, actor_world_size)
-    return lcm // env_world_size, lcm // actor_world_size
 
 
 def _stack_trajectory(tr: dict[str, list]) -> dict[str, torch.Tensor]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,31 +42,13 @@ import torch
 from rlinf_mini.scheduler.shm import SharedSegment
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import waiting_for_others
+from stages.sync_gpu import GpuSender, GpuWeightReceiver
+from stages.weight_buffer import TensorSlot, WeightBufferHandle, model_weights, plan_layout, wait_for_stamp
 
-_ALIGN = 64
-_HEADER = 64  # bytes 0..7: int64 version stamp; -1 = nothing written yet
+__all__ = ["TensorSlot", "WeightBufferHandle", "WeightReceiver", "WeightSender", "make_weight_receiver",
+           "plan_layout"]  # the layout's names stay importable from here: tutorial 02 reads them in this file
+
 _RAY_NODE = "RLINF_MINI_RAY_NODE"  # set by scheduler/ray_backend.py in each rank: the Ray node id it runs on
-
-
-@dataclass(frozen=True)
-class TensorSlot:
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int  # bytes from the start of the segment
-
-
-@dataclass(frozen=True)
-class WeightBufferHandle:
-    """What the actor needs to write into one rollout rank's buffer (small and picklable)."""
-
-    segment_name: str
-    size: int
-    layout: tuple[TensorSlot, ...]
-    node: str = ""  # the Ray node id the buffer is on ("" off Ray: the actor's machine)
-    mailbox: Any = None  # on Ray: a channel transport reaching the rollout rank from any node (key: segment_name)
-    gpu: str = ""  # the rollout's GPU (its UUID) when its weights live on one; "" = the CPU shared-buffer path
-    cuda_ipc: bytes = b""  # the rollout's flat device buffer, pickled for CUDA IPC (opened only on that same GPU)
 
 
 def _ray_node_and_mailbox() -> tuple[str, Any]:
@@ -80,28 +61,12 @@ def _ray_node_and_mailbox() -> tuple[str, Any]:
     return node, weights_mailbox()
 
 
-def plan_layout(state: dict[str, torch.Tensor]) -> tuple[tuple[TensorSlot, ...], int]:
-    """Give each tensor of a state dict an aligned offset after the header; returns (layout, total bytes)."""
-    slots, offset = [], _HEADER
-    for name, t in state.items():
-        slots.append(TensorSlot(name, t.dtype, tuple(t.shape), offset))
-        nbytes = t.numel() * t.element_size()
-        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    return tuple(slots), offset
-
-
-def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters and buffers by name, unwrapping DistributedDataParallel."""
-    model = getattr(model, "module", model)
-    return dict(model.state_dict(keep_vars=True))
-
-
 class WeightReceiver:
     """The rollout's side: one shared buffer allocated at init; the model's weights live in (or load from) it."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        weights = _weights(model)
+        weights = model_weights(model)
         self.layout, size = plan_layout(weights)
         self.segment = SharedSegment.create(size, tag="weights")
         self._stamp = self.segment.view(torch.int64, (1,), 0)
@@ -128,17 +93,13 @@ class WeightReceiver:
                 self._wait_mailbox(version, timeout, start)
         if not self.zero_copy:
             with torch.no_grad(), span("weight_load"):
-                for name, t in _weights(self.model).items():
+                for name, t in model_weights(self.model).items():
                     t.copy_(self._views[name], non_blocking=True)
         self.version = version
         return time.monotonic() - start
 
     def _wait_stamp(self, version: int, timeout: float, start: float) -> None:
-        while int(self._stamp[0]) != version:
-            if time.monotonic() - start > timeout:
-                raise TimeoutError(f"weight sync: version {version} did not arrive from actor rank 0 within "
-                                   f"{timeout:g} s (buffer holds version {int(self._stamp[0])})")
-            time.sleep(0.0002)
+        wait_for_stamp(self._stamp, version, timeout, start)
 
     def _wait_mailbox(self, version: int, timeout: float, start: float) -> None:
         """Ray: the actor's notice (a same-node buffer is written already) or the weights (from another node)."""
@@ -171,7 +132,7 @@ class WeightSender:
     def send(self, model: torch.nn.Module, handles: list[WeightBufferHandle], version: int) -> int:
         """Write `model`'s weights into every rollout buffer, then the version stamp (or send them through the
         rank's mailbox when the buffer is on another node). Returns bytes written."""
-        weights = _weights(model)
+        weights = model_weights(model)
         written = 0
         with torch.no_grad(), span("weight_send"):
             for h in handles:
@@ -189,8 +150,6 @@ class WeightSender:
                     seg = self._segments[h.segment_name] = SharedSegment.attach(h.segment_name, h.size)
                 if h.gpu:  # the rollout's weights are on a GPU: CUDA IPC or the pinned host buffer (sync_gpu.py)
                     if self._gpu is None:
-                        from stages.sync_gpu import GpuSender
-
                         self._gpu = GpuSender()
                     written += self._gpu.send(weights, h, seg, version)
                     continue
@@ -213,8 +172,6 @@ class WeightSender:
 
 def make_weight_receiver(model: torch.nn.Module) -> WeightReceiver:
     """The receiver for where the rollout's model lives: the shared buffer on the CPU, a device buffer on a GPU."""
-    if all(t.device.type == "cpu" for t in _weights(model).values()):
+    if all(t.device.type == "cpu" for t in model_weights(model).values()):
         return WeightReceiver(model)
-    from stages.sync_gpu import GpuWeightReceiver
-
     return GpuWeightReceiver(model)

@@ -21,7 +21,7 @@ import torch.multiprocessing  # noqa: F401  (registers CUDA IPC with ForkingPick
 
 from rlinf_mini.scheduler.shm import SharedSegment
 from rlinf_mini.scheduler.tracer import span
-from stages.sync import TensorSlot, WeightBufferHandle, WeightReceiver, _weights, plan_layout
+from stages.weight_buffer import TensorSlot, WeightBufferHandle, model_weights, plan_layout, wait_for_stamp
 
 _PATH_IPC, _PATH_HOST = 1, 2  # header bytes 8..15: how the last version arrived (the receiver loads only for HOST)
 
@@ -75,7 +75,7 @@ def _device_view(flat: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
     return flat[slot.offset : slot.offset + nbytes].view(slot.dtype).view(slot.shape)
 
 
-class GpuWeightReceiver(WeightReceiver):
+class GpuWeightReceiver:
     """The rollout's side on a GPU: its parameters are views into one flat device buffer ([size] uint8, the shared
     segment's layout), which it offers to the actor by CUDA IPC; the shared segment holds the stamp and, pinned, the
     host copy for an actor on another GPU."""
@@ -83,7 +83,7 @@ class GpuWeightReceiver(WeightReceiver):
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self._views: dict[str, torch.Tensor] = {}  # (the CPU receiver's host views: none here)
-        weights = _weights(model)
+        weights = model_weights(model)
         self.layout, size = plan_layout(weights)
         device = next(iter(weights.values())).device
         self.flat = torch.empty(size, dtype=torch.uint8, device=device)  # [size] bytes; 0..63 unused (the header)
@@ -128,7 +128,12 @@ class GpuWeightReceiver(WeightReceiver):
             unpin(self.segment)
             self.pinned = False
         self.flat = None
-        super().close()
+        self._views.clear()
+        self._stamp = None
+        self.segment.close()
+
+    def _wait_stamp(self, version: int, timeout: float, start: float) -> None:
+        wait_for_stamp(self._stamp, version, timeout, start)
 
 
 class GpuSender:

@@ -30,7 +30,7 @@ from rlinf_mini.utils.tensor_tree import tree_cat, tree_map
 from stages.actor_core import ActorCore, NonFiniteError, build_lr_scheduler, raise_if_not_finite, update_loop
 from stages.advantages import calculate_adv_and_returns, first_episode_mask
 from stages.losses import compute_ppo_actor_loss, compute_ppo_critic_loss, kl_penalty, masked_mean
-from stages.rollout import actor_pieces
+from stages.placement import actor_pieces
 from stages.sync import WeightSender
 
 __all__ = ["ActorWorker", "NonFiniteError", "compute_micro_batch_loss", "compute_ppo_actor_loss",

@@ -153,6 +153,27 @@ for path in sorted((ROOT / "stages").glob("*.py")):
     assert not bad, (path, bad)
 print("scheduler <- stages <- runner/entry: no module imports upward")
 
+# Inside the stages floor, no cycle and no reach into a sibling's private names: a piece two stages share lives in
+# the module of its role (the weight buffer's layout in `stages/weight_buffer.py`, the env -> actor split in
+# `stages/placement.py`, the update loop in `stages/actor_core.py`), and every import sits at the top of its file.
+stage_imports = {f"stages.{p.stem}": ours(imports_of(p)) for p in sorted((ROOT / "stages").glob("*.py"))}
+
+
+def reaches(start: str, goal: str, seen: frozenset = frozenset()) -> bool:
+    return any(m == goal or (m not in seen and reaches(m, goal, seen | {m})) for m in stage_imports.get(start, ()))
+
+
+assert not [m for m in stage_imports if reaches(m, m)], "a cycle among the stage modules"
+for path in sorted((ROOT / "stages").glob("*.py")):
+    tree = ast.parse(path.read_text())
+    private = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+               and n.module.startswith("stages") for a in n.names if a.name.startswith("_")]
+    assert not private, (path.name, private)
+    nested = [n.module for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for n in ast.walk(f)
+              if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("stages")]
+    assert not nested, (path.name, "a function-local import of a stage (a cycle dodged)", nested)
+print("stages: no cycle, no private name of a sibling, no function-local stage import")
+
 # %% [markdown]
 # ## Run it
 #
