@@ -34,12 +34,26 @@ from stages.reasoning_rollout import position_ids_of
 from stages.sync import WeightSender
 
 
-def compute_grpo_token_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int
-                                  ) -> torch.Tensor:
-    """rewards [N] (N = groups x G, a group's responses consecutive), response_mask [N, R] -> advantages [N, R]."""
+def compute_grpo_token_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int,
+                                  scale_rewards: str = "group") -> torch.Tensor:
+    """rewards [N] (N = groups x G, a group's responses consecutive), response_mask [N, R] -> advantages [N, R]:
+    r - its group's mean, divided by the group's std, the batch's std, or nothing (algorithm.scale_rewards)."""
     grouped = rewards.view(-1, group_size)  # [N/G, G]
-    scores = (grouped - grouped.mean(dim=-1, keepdim=True)) / (grouped.std(dim=-1, keepdim=True) + 1e-6)
-    return scores.reshape(-1, 1) * response_mask  # [N, R]
+    centred = grouped - grouped.mean(dim=-1, keepdim=True)
+    if scale_rewards == "group":
+        centred = centred / (grouped.std(dim=-1, keepdim=True) + 1e-6)
+    elif scale_rewards == "batch":
+        centred = centred / (rewards.std() + 1e-6)
+    return centred.reshape(-1, 1) * response_mask  # [N, R]
+
+
+def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, response_mask: torch.Tensor
+                       ) -> torch.Tensor:
+    """GSPO's per-response log importance ratio, mean over its tokens of log(pi / pi_old) [n], on every token [n, R]
+    (zero where masked)."""
+    mask = response_mask.float()
+    per_response = ((logprobs - old_logprobs) * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [n]
+    return per_response.unsqueeze(-1) * mask  # [n, R]
 
 
 def token_weights(response_mask: torch.Tensor, loss_agg_func: str) -> torch.Tensor:
@@ -69,6 +83,24 @@ def compute_response_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torc
                    logits_to_keep=R + 1).logits[:, :-1]  # [N, R, V]
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) * response_mask  # [N, R]
+
+
+def grpo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     response_mask: torch.Tensor, algo) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped policy loss of responses [n, R], aggregated by algo.loss_agg_func; the ratio per token, or with
+    algo.importance_sampling_level 'sequence' (GSPO) one per response on each of its tokens."""
+    w, scale = token_weights(response_mask, algo.loss_agg_func), agg_scale(response_mask, algo.loss_agg_func)
+    ratio_logprobs = logprobs  # what the ratio is taken of
+    if algo.importance_sampling_level == "sequence":
+        ratio_logprobs = old_logprobs + sequence_log_ratio(logprobs, old_logprobs, response_mask)
+    # token level: every response token is one sample [n * R]; compute_ppo_actor_loss averages with its mask,
+    # so weights w (and a scale) turn that mean into loss_agg_func; its ratio / clip metrics are w-weighted too
+    pg_loss, metrics = compute_ppo_actor_loss(
+        ratio_logprobs.reshape(-1), old_logprobs.reshape(-1), advantages.reshape(-1), w.reshape(-1),
+        algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c)
+    loss = pg_loss * scale
+    metrics["actor/policy_loss"] = loss.detach()
+    return loss, metrics
 
 
 def stack_chunks(chunks: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
@@ -129,7 +161,7 @@ class ReasoningActorWorker(ActorCore):
             perm = torch.randperm(len(b["rewards"]), generator=torch.Generator().manual_seed(cfg.seed + global_step))
             b["rewards"] = b["rewards"][perm.to(self.device)]
         mask = b["response_mask"].float()  # [N, R]
-        b["advantages"] = compute_grpo_token_advantages(b["rewards"], mask, algo.group_size)
+        b["advantages"] = compute_grpo_token_advantages(b["rewards"], mask, algo.group_size, algo.scale_rewards)
         n = len(b["rewards"])
         everything = torch.arange(n)
         self.model.eval()
@@ -162,15 +194,8 @@ class ReasoningActorWorker(ActorCore):
         algo = self.cfg.algorithm
         mask = b["response_mask"][idx]  # [n, R]
         logprobs = self._logprobs(self.model, b, idx)  # [n, R]
-        w = token_weights(mask, algo.loss_agg_func)
-        scale = agg_scale(mask, algo.loss_agg_func)
-        # token level: every response token is one sample [n * R]; compute_ppo_actor_loss averages with its mask,
-        # so weights w (and a scale) turn that mean into loss_agg_func; its ratio / clip metrics are w-weighted too
-        pg_loss, metrics = compute_ppo_actor_loss(
-            logprobs.reshape(-1), b["logprobs"][idx].reshape(-1), b["advantages"][idx].reshape(-1), w.reshape(-1),
-            algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c)
-        loss = pg_loss * scale
-        metrics["actor/policy_loss"] = loss.detach()
+        loss, metrics = grpo_policy_loss(logprobs, b["logprobs"][idx], b["advantages"][idx], mask, algo)
+        w, scale = token_weights(mask, algo.loss_agg_func), agg_scale(mask, algo.loss_agg_func)
         if self.ref_model is not None:
             kl = kl_penalty(logprobs, b["ref_logprobs"][idx], algo.kl_penalty_type)  # [n, R]
             kl_loss = (kl * w).sum() / w.sum().clamp(min=1e-8) * scale

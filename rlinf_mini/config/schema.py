@@ -157,6 +157,15 @@ class AlgorithmConfig:
     loss_agg_func: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     """Reasoning: how token losses become one number: mean over all response tokens of the batch, or per response
     (sum or mean over its tokens) and then the mean over responses."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Reasoning (TRL's name; RLinf always divides by the group's std): the GRPO advantage (r - mean of its group)
+    divided by the group's std ('group', RLinf's and the paper's), by the std of the whole batch's rewards ('batch'),
+    or not at all ('none': Dr. GRPO, https://arxiv.org/abs/2503.20783, which also pairs it with a constant-normalised
+    sum: loss_agg_func seq-mean-token-sum)."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Reasoning (TRL's name; not in RLinf): the PPO ratio per token ('token', GRPO), or one ratio per response,
+    exp(mean over its tokens of log(pi / pi_old)), clipped as a whole ('sequence': GSPO,
+    https://arxiv.org/abs/2507.18071); either way aggregated by loss_agg_func."""
 
 
 @dataclass
