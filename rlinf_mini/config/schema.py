@@ -34,7 +34,7 @@ class ClusterConfig:
     ray_address: str = ""
     """rlinf_mini, backend 'ray': '' is ray.init's own rule: RAY_ADDRESS (what `ray job submit` and KubeRay set), else
     the cluster that Ray's temp folder names (a `ray start` head here) if it answers, else a private Ray instance for
-    the run (stopped at its end); 'auto' and 'HOST:PORT' as Ray reads them (README: Backends). A joined cluster stays
+    the run (stopped at its end); 'auto' and 'HOST:PORT' as Ray reads them (docs/backends.md). A joined cluster stays
     running."""
     component_placement: dict[str, str] = field(default_factory=lambda: {"env,rollout,actor": "all"})
     """Component(s) -> devices, in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes' ('0-1:0-3' = 4 processes
