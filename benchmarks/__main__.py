@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -157,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print()
         print(format_table(rows, markdown=True))
-    report = {"mode": mode, "seconds": time.monotonic() - start,
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    report = {"mode": mode, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "commit": commit or None, "seconds": time.monotonic() - start,
               "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
                           "torch": torch.__version__, "platform": platform.platform()},
               "repetitions": REPS[mode], "load": load,  # /proc/loadavg before and after each group

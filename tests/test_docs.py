@@ -537,3 +537,28 @@ def test_a_dated_sentence_and_a_dead_link_are_found(tmp_path):
     page.write_text("[here](nowhere.md)")
     with pytest.raises(AssertionError, match="leads nowhere"):
         test_a_page_has_no_dated_or_load_sentence_and_its_links_resolve(page)
+
+
+def test_the_readme_picture_is_drawn_from_a_run_folders_metrics_and_trace(tmp_path):
+    """benchmarks/readme_figure.py draws the README's picture from metrics.jsonl and trace.json alone (two driver
+    steps here: the last one's spans are drawn); a folder without them is one line naming what is missing."""
+    from benchmarks import readme_figure
+    from rlinf_mini.scheduler.tracer import write_chrome_trace
+
+    ms = 1_000_000  # ns
+    spans = [("driver", 0, "step", -1, 0, 10 * ms), ("driver", 0, "step", -1, 10 * ms, 30 * ms),
+             ("driver", 0, "generate_rollouts", -1, 10 * ms, 20 * ms), ("EnvGroup", 0, "env_step", 0, 11 * ms, 12 * ms),
+             ("RolloutGroup", 0, "inference", 1, 12 * ms, 13 * ms), ("ActorGroup", 0, "wait_x", -1, 10 * ms, 20 * ms),
+             ("ActorGroup", 0, "forward_backward", -1, 20 * ms, 29 * ms),
+             ("EnvGroup", 0, "env_step", 0, 1 * ms, 2 * ms)]
+    write_chrome_trace(spans, tmp_path / "trace.json")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/success_once": 0.1}\n{"step": 1}\n'
+                                             '{"step": 2, "eval/success_once": 0.9}\n')
+    assert readme_figure.eval_curve(tmp_path / "metrics.jsonl") == ([0, 2], [0.1, 0.9])
+    events, names, t0 = readme_figure.last_step_events(tmp_path / "trace.json")
+    assert t0 == 10_000 and sorted(names[(e["pid"], e["tid"])] for e in events if e["name"] == "env_step") == \
+        ["EnvGroup:0"] and len(events) == 6  # the first step's env_step and step span are left out
+    out = readme_figure.draw(tmp_path, tmp_path / "img" / "readme.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="no metrics.jsonl, trace.json"):
+        readme_figure.main(["--run-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")])
