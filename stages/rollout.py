@@ -131,8 +131,8 @@ class EnvWorker(Worker):
                     tr["rewards"].append(rewards)
                     tr["dones"].append((terminations, truncations))
                     tr["versions"].append(out["version"])
-                for name in stats:
-                    stats[name].append(ep[name])
+                for name, values in ep.items():  # MetaWorld adds success_at_end to the three every env has
+                    stats.setdefault(name, []).append(values)
                 if video is not None and k == 0:
                     video.add(env, next_obs, rewards, terminations)
                 obs[k] = next_obs
@@ -173,6 +173,8 @@ class EnvWorker(Worker):
             "env/return": stats["return"].mean().item() if n else float("nan"),
             "env/episode_len": stats["episode_len"].mean().item() if n else float("nan"),
             "env/success_once": stats["success_once"].mean().item() if n else float("nan"),
+            **({"env/success_at_end": stats["success_at_end"].mean().item() if n else float("nan")}
+               if "success_at_end" in stats else {}),
             "env/reward": batch["rewards"].mean().item(),
             "env/return_last20": (sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns
                                   else float("nan")),
@@ -196,6 +198,7 @@ class EnvWorker(Worker):
             "eval/return_sum": stats["return"].sum().item(),
             "eval/num_episodes": float(n),
             "eval/num_envs": float(num_envs),
+            **({"eval/success_at_end_sum": stats["success_at_end"].sum().item()} if "success_at_end" in stats else {}),
         }
 
     def get_state(self) -> dict:

@@ -19,6 +19,13 @@ class InitParams:
     """rlinf_mini, PixelReach-v0: the grid is grid_size x grid_size cells."""
     cell_pixels: int = 4
     """rlinf_mini, PixelReach-v0: each cell is cell_pixels x cell_pixels pixels (image side = grid_size * this)."""
+    obs_mode: Literal["state", "rgb"] = "state"
+    """rlinf_mini, env_type metaworld: 'state' = MetaWorld's 39-dim state vector (MLP policy); 'rgb' = RLinf's obs
+    dict (camera image, the task description, the 4-dim hand state) for the tiny VLA."""
+    camera_heights: int = 480
+    """env_type metaworld, obs_mode rgb: camera image height in pixels."""
+    camera_widths: int = 480
+    """env_type metaworld, obs_mode rgb: camera image width in pixels."""
     make_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
     """env_type gymnasium: keyword arguments of gymnasium.make. In YAML write them beside id, as RLinf does
     (`init_params: {id: LunarLander-v3, continuous: true}`): every init_params key not named above lands here."""
@@ -38,9 +45,23 @@ class VideoConfig:
 
 @dataclass
 class EnvSplitConfig:
-    env_type: Literal["fake", "gymnasium", "maniskill"] = "fake"
-    """'fake' (rlinf_mini's CPU envs), 'gymnasium' (any installed gymnasium id in init_params.id) or 'maniskill'
-    (a ManiSkill3 id; needs the maniskill extra and a render device)."""
+    env_type: Literal["fake", "gymnasium", "maniskill", "metaworld"] = "fake"
+    """'fake' (rlinf_mini's CPU envs), 'gymnasium' (any installed gymnasium id in init_params.id), 'maniskill'
+    (a ManiSkill3 id; needs the maniskill extra and a render device) or 'metaworld' (task_suite_name; the metaworld
+    extra, CPU only)."""
+    task_suite_name: str = "metaworld_50"
+    """env_type metaworld: RLinf's suites 'metaworld_50', 'metaworld_45_ind' (ML45 train), 'metaworld_45_ood'
+    (ML45 test), or one MetaWorld task by its own name ('push-v3'). Sub-env e runs task (e // group_size) % tasks."""
+    use_rel_reward: bool = True
+    """env_type metaworld: the reward is the change of the step reward since the last step (RLinf's math)."""
+    reward_coef: float = 1.0
+    """env_type metaworld: step reward = reward_coef * success (RLinf), or reward_coef * MetaWorld's shaped reward
+    with use_dense_reward."""
+    use_dense_reward: bool = False
+    """rlinf_mini, env_type metaworld: MetaWorld's shaped reward (0..10 per step) instead of RLinf's sparse success
+    reward (RLinf starts from an SFT policy; an MLP trained from scratch needs the shaping)."""
+    ignore_terminations: bool = False
+    """env_type metaworld: success does not end the episode; episodes run to max_episode_steps (RLinf's key)."""
     total_num_envs: int = 16
     """Sub-envs across all env ranks and pipeline stages."""
     auto_reset: bool = True

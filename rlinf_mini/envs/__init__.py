@@ -5,15 +5,17 @@
     obs = env.reset()                                                   # [B, obs_dim]
     obs, rewards, terminations, truncations, episode_stats = env.chunk_step(actions)
 
-Every VectorEnv (FakeReachEnv in fake_reach.py, GymnasiumVectorEnv in gym_adapter.py) has `spec`, `num_envs`, and:
+Every VectorEnv (FakeReachEnv in fake_reach.py, GymnasiumVectorEnv in gym_adapter.py, MetaWorldVectorEnv in
+metaworld.py) has `spec`, `num_envs`, and:
 
 - `reset() -> obs`: starts a new episode in every sub-env (a new "reset round"). obs is a float32 tensor [B, obs_dim]
   (FakeReach, gymnasium) or, for image + language envs (PixelReach), a dict like RLinf's: `images` uint8 [B, 3, H, W],
   `task_descriptions` (B strings), `states` float32 [B, obs_dim].
 - `chunk_step(actions)`: actions [B, C, A] float32 (Box) or [B, C] int64 (Discrete), executed open loop for C sub-steps.
   Returns obs [B, obs_dim], rewards [B, C] float32, terminations [B, C] bool, truncations [B, C] bool, and
-  episode_stats {"return", "episode_len", "success_once"}: one float32 entry per episode that ended during the call
-  (possibly none). A truncation is reported only when the episode did not terminate on that sub-step.
+  episode_stats {"return", "episode_len", "success_once"} (MetaWorld adds "success_at_end"): one float32 entry per
+  episode that ended during the call (possibly none). A truncation is reported only when the episode did not
+  terminate on that sub-step.
   Once a sub-env's episode ends inside a chunk, its later rewards and dones in that chunk read 0 / False:
   - auto_reset True: the sub-env is reset at once and the chunk's remaining actions go to the new episode (they count
     towards its length, return and time limit, but their rewards are masked for this chunk step); the returned obs is
@@ -73,6 +75,10 @@ def get_env_spec(cfg: EnvSplitConfig, key: str = "env.train") -> EnvSpec:
         from rlinf_mini.envs.maniskill import maniskill_env_spec
 
         return maniskill_env_spec(cfg, key)
+    if cfg.env_type == "metaworld":
+        from rlinf_mini.envs.metaworld import metaworld_env_spec
+
+        return metaworld_env_spec(cfg, key)
     # Imported here: the fake env needs no gymnasium, and the env modules import EnvSpec from this file.
     from rlinf_mini.envs.gym_adapter import gym_env_spec
 
@@ -103,4 +109,9 @@ def make_env(cfg: EnvSplitConfig, env_ids: torch.Tensor, num_action_chunks: int,
         from rlinf_mini.envs.maniskill import ManiSkillVectorEnv
 
         return ManiSkillVectorEnv(cfg, env_ids, num_action_chunks, key)
-    raise EnvError(f"{key}.env_type: unknown env type {cfg.env_type!r} (known: 'fake', 'gymnasium', 'maniskill')")
+    if cfg.env_type == "metaworld":
+        from rlinf_mini.envs.metaworld import MetaWorldVectorEnv
+
+        return MetaWorldVectorEnv(cfg, env_ids, num_action_chunks, key)
+    raise EnvError(f"{key}.env_type: unknown env type {cfg.env_type!r} "
+                   "(known: 'fake', 'gymnasium', 'maniskill', 'metaworld')")

@@ -85,6 +85,8 @@ class EmbodiedRunner(Runner):
             "eval/success_once": total["eval/success_once_sum"] / total["eval/num_envs"],
             "eval/return": total["eval/return_sum"] / n if n else float("nan"),
             "eval/num_episodes": n,
+            **({"eval/success_at_end": total["eval/success_at_end_sum"] / total["eval/num_envs"]}
+               if "eval/success_at_end_sum" in total else {}),
         }
 
     def train_step(self) -> dict[str, float]:

@@ -1,0 +1,81 @@
+"""env_type: metaworld (rlinf_mini/envs/metaworld.py) on MetaWorld 3 itself: RLinf's suites and single tasks, a
+sub-env's episodes set by (seed, its id) whatever the split, success logged as RLinf logs it, bad names refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("metaworld", reason="metaworld is not installed (pip install -e '.[metaworld]')")
+
+from rlinf_mini.config import EnvSplitConfig  # noqa: E402
+from rlinf_mini.envs import get_env_spec, make_env  # noqa: E402
+from rlinf_mini.envs.base import EnvError  # noqa: E402
+from rlinf_mini.envs.metaworld_tasks import TASK_DESCRIPTIONS, suite_task_names  # noqa: E402
+
+
+def cfg(**kw) -> EnvSplitConfig:
+    base = {"env_type": "metaworld", "task_suite_name": "reach-v3", "max_episode_steps": 20, "auto_reset": True,
+            "use_dense_reward": True, "use_rel_reward": False, "seed": 7}
+    return EnvSplitConfig(**(base | kw))
+
+
+def actions_for(env_ids: torch.Tensor, step: int) -> torch.Tensor:
+    """The same action for a sub-env id at a step, whichever env holds it: [B, 1, 4] in [-1, 1]."""
+    gen = [torch.Generator().manual_seed(int(e) * 1000 + step) for e in env_ids]
+    return torch.stack([torch.rand(1, 4, generator=g) * 2 - 1 for g in gen])
+
+
+def rollout(env_ids: list[int], steps: int, **kw):
+    env = make_env(cfg(**kw), torch.tensor(env_ids), 1)
+    try:
+        obs = [env.reset()]
+        rewards = []
+        for t in range(steps):
+            o, r, *_ = env.chunk_step(actions_for(env.env_ids, t))
+            obs.append(o)
+            rewards.append(r)
+        return torch.stack(obs, 1), torch.stack(rewards, 1)  # [B, T+1, 39], [B, T, 1]
+    finally:
+        env.close()
+
+
+def test_state_observations_and_the_task_description_as_instruction():
+    spec = get_env_spec(cfg(), "env.train")
+    assert (spec.obs_dim, spec.action_dim, spec.discrete) == (39, 4, False)
+    env = make_env(cfg(task_suite_name="metaworld_50", group_size=2), torch.arange(4), 1)
+    try:
+        assert env.tasks == [list(TASK_DESCRIPTIONS)[0]] * 2 + [list(TASK_DESCRIPTIONS)[1]] * 2  # a group shares
+        assert env.task_descriptions[0] == TASK_DESCRIPTIONS[env.tasks[0]]
+        assert env.reset().shape == (4, 39)
+    finally:
+        env.close()
+    assert len(suite_task_names("metaworld_50")) == 50
+    assert len(suite_task_names("metaworld_45_ind")) == 45 and len(suite_task_names("metaworld_45_ood")) == 5
+
+
+def test_a_sub_envs_episodes_depend_on_its_id_not_on_the_split():
+    whole_obs, whole_r = rollout([0, 1, 2, 3], 25)  # 25 steps: past max_episode_steps 20, through an auto-reset
+    for part in ([0, 1], [2, 3]):
+        obs, r = rollout(part, 25)
+        assert torch.equal(obs, whole_obs[part]) and torch.equal(r, whole_r[part])
+    assert not torch.equal(whole_obs[0], whole_obs[1])  # different ids, different episodes
+
+
+def test_episodes_end_at_max_episode_steps_with_rlinfs_success_stats():
+    env = make_env(cfg(max_episode_steps=5), torch.arange(2), 1)
+    try:
+        env.reset()
+        ends = []
+        for t in range(5):
+            *_, trunc, stats = env.chunk_step(actions_for(env.env_ids, t))
+            ends.append((bool(trunc.any()), sorted(stats)))
+    finally:
+        env.close()
+    assert [e for e, _ in ends] == [False] * 4 + [True]
+    assert ends[-1][1] == ["episode_len", "return", "success_at_end", "success_once"]
+
+
+def test_an_unknown_task_is_one_line_naming_the_key():
+    with pytest.raises(EnvError, match=r"env.train.task_suite_name: unknown MetaWorld suite or task 'psh-v3'"):
+        get_env_spec(cfg(task_suite_name="psh-v3"), "env.train")
