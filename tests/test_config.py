@@ -194,7 +194,7 @@ def test_shipped_config_round_trips_and_is_valid(tmp_path, config, in_users_chec
     assert config_from_yaml(tmp_path / "out.yaml") == cfg
     assert load_config(["--config", str(config)]) == cfg  # tyro's pass changes nothing
     validate_config(cfg, str(config))
-    module = {"maniskill": "mani_skill"}.get(cfg.env.train.env_type)
+    module = {"maniskill": "mani_skill", "metaworld": "metaworld"}.get(cfg.env.train.env_type)
     if cfg.env.train.env_type == "gymnasium":  # an id registered from gymnasium.envs.mujoco needs the .[mujoco] extra
         if ".mujoco." in str(gymnasium.spec(cfg.env.train.init_params.id).entry_point):
             module = "mujoco"
