@@ -44,6 +44,7 @@ from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
 from rlinf_mini.utils.precision import autocast
+from rlinf_mini.utils.running_stats import ReturnScaler
 from rlinf_mini.utils.seeding import counter_uniform
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map, tree_stack
 from stages.placement import actor_pieces
@@ -90,12 +91,16 @@ class EnvWorker(Worker):
         self.train_envs = self._make_stage_envs(self.cfg.env.train, "env.train")
         self.eval_envs = self._make_stage_envs(self.cfg.env.eval, "env.eval")
         self.last_obs = [env.reset() for env in self.train_envs]  # [B_stage, D] per stage
+        # env.train.normalize_reward: one scaler per train stage; the trajectory holds the scaled rewards
+        self.return_scalers = ([ReturnScaler(env.num_envs, self.cfg.algorithm.gamma) for env in self.train_envs]
+                               if self.cfg.env.train.normalize_reward else None)
         self.recent_returns: collections.deque = collections.deque(maxlen=20)  # for "env/return_last20"
         return self.train_envs[0].spec
 
     def _run_epoch(self, mode: str, envs: list, obs: list[torch.Tensor], n_steps: int, sample_base: int,
                    rollout_channel: Channel, env_channel: Channel, record: bool,
-                   video: EvalVideoRecorder | None = None) -> tuple[list[dict], dict]:
+                   video: EvalVideoRecorder | None = None,
+                   scalers: list[ReturnScaler] | None = None) -> tuple[list[dict], dict]:
         """One rollout epoch over all stages: n_steps chunk steps (+1 value-only inference when `record`)."""
         rollout_of = self._rank // (self._world_size // self.world_sizes["rollout"])
         expected = f"{self.cfg.rollout.group_name} rank {rollout_of}"
@@ -115,6 +120,8 @@ class EnvWorker(Worker):
                     out = env_channel.get(key=keys[k], expected_from=expected)
                 with span("env_step", stage=k):
                     next_obs, rewards, terminations, truncations, ep = env.chunk_step(out["actions"])
+                if scalers is not None:  # [B, C] -> [B, C]; episode_stats keep the raw returns
+                    rewards = scalers[k](rewards, terminations | truncations)
                 # The last observation is only needed for the bootstrap value. Sent before the bookkeeping below, so
                 # that the rollout infers while the env records (which only reads next_obs: a frame drawn in the
                 # channel's memory is the rollout's to read from its put on, Channel.empty).
@@ -154,7 +161,8 @@ class EnvWorker(Worker):
                 self.last_obs = [env.reset() for env in self.train_envs]
             sample_base = (global_step * train.rollout_epoch + epoch) * (n_steps + 1)
             trajs, stats = self._run_epoch("train", self.train_envs, self.last_obs, n_steps, sample_base,
-                                           rollout_channel, env_channel, record=True)
+                                           rollout_channel, env_channel, record=True,
+                                           scalers=self.return_scalers)
             # [T(+1), B_stage, ...] per stage -> [T(+1), B_rank, ...]: stages side by side, in env-id order
             epochs.append({name: tree_cat([tr[name] for tr in trajs], dim=1) for name in TRAJECTORY_KEYS})
             all_stats.append(stats)
@@ -203,7 +211,8 @@ class EnvWorker(Worker):
 
     def get_state(self) -> dict:
         return {"train_envs": [env.get_state() for env in self.train_envs], "last_obs": self.last_obs,
-                "recent_returns": list(self.recent_returns)}
+                "recent_returns": list(self.recent_returns),
+                "return_scalers": [s.state_dict() for s in self.return_scalers or []]}
 
     def set_state(self, state: dict) -> None:
         for env, s in zip(self.train_envs, state["train_envs"], strict=True):
@@ -211,6 +220,13 @@ class EnvWorker(Worker):
         self.last_obs = state["last_obs"]
         self.recent_returns.clear()
         self.recent_returns.extend(state["recent_returns"])
+        saved = state.get("return_scalers", [])
+        if self.return_scalers is not None:
+            if len(saved) != len(self.return_scalers):
+                raise ValueError("runner.resume_dir: the checkpoint has no reward statistics for "
+                                 "env.train.normalize_reward (saved by a run without it)")
+            for scaler, s in zip(self.return_scalers, saved, strict=True):
+                scaler.load_state_dict(s)
 
     def close(self) -> None:
         for env in getattr(self, "train_envs", []) + getattr(self, "eval_envs", []):

@@ -26,6 +26,7 @@ from rlinf_mini.envs import get_env_spec
 from rlinf_mini.models import build_policy
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.utils.precision import autocast
+from rlinf_mini.utils.running_stats import moment_sums, moments_from_sums
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map
 from stages.actor_core import ActorCore, NonFiniteError, build_lr_scheduler, raise_if_not_finite, update_loop
 from stages.advantages import calculate_adv_and_returns, first_episode_mask
@@ -173,6 +174,9 @@ class ActorWorker(ActorCore):
                                        rank=self._rank, world_size=self._world_size,
                                        average_gradients=self._average_gradients, step_is_finite=self._step_is_finite,
                                        lr_scheduler=self.lr_scheduler)
+        if self.cfg.actor.model.normalize_obs:  # after the update: the rollout's next obs meet the new statistics
+            sums = self.all_reduce(moment_sums(flat["obs"]))  # [2D + 1] over every actor rank's samples
+            self.policy.obs_normalizer.update_from_moments(*moments_from_sums(sums))
         keys = sorted(means)
         result = torch.tensor([means[k] for k in keys], dtype=torch.float32, device=self.device)  # nccl: on the GPU
         result = self.all_reduce(result) / self._world_size

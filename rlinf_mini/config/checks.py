@@ -137,6 +137,12 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("algorithm.group_size", f"GRPO normalizes within groups: needs >= 2, got {cfg.algorithm.group_size}")
     if cfg.algorithm.loss_type == "actor_critic" and not cfg.actor.model.add_value_head:
         fail("algorithm.loss_type", "'actor_critic' needs actor.model.add_value_head: true")
+    if cfg.actor.model.normalize_obs and cfg.actor.model.model_type != "mlp_policy":
+        fail("actor.model.normalize_obs", f"normalises state vectors: model_type 'mlp_policy' only, got "
+                                          f"{cfg.actor.model.model_type!r}")
+    if cfg.env.eval.normalize_reward:
+        fail("env.eval.normalize_reward", "rewards are normalised for training only (env.train.normalize_reward); "
+                                          "eval returns stay raw")
     if cfg.algorithm.clip_ratio_c is not None and cfg.algorithm.clip_ratio_c <= 1.0:
         fail("algorithm.clip_ratio_c", f"the dual clip must be > 1 (null: none), got {cfg.algorithm.clip_ratio_c}")
     if cfg.algorithm.huber_delta <= 0:

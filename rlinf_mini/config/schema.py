@@ -226,6 +226,11 @@ class ModelConfig:
     """tiny_vla: instruction tokens (padded or truncated to this length)."""
     add_value_head: bool = True
     """Add a value head (needed by loss_type 'actor_critic'; without one, adv_type 'gae' is critic-free)."""
+    normalize_obs: bool = False
+    """rlinf_mini, mlp_policy: normalise the policy's input with the running mean and variance of every observation
+    trained on, (obs - mean) / sqrt(var + 1e-8) clipped to [-10, 10] (SB3 VecNormalize's obs half; RLinf has no such
+    key). The statistics are model buffers: the actor merges each step's observations over all its ranks after the
+    update, the weight sync sends them to the rollout, checkpoints and the HF folder keep them."""
     precision: str = "32"
     """Parameter precision: '32', or 'bf16' (on a GPU: forward and backward in bfloat16 autocast, fp32 master
     weights and optimizer; a CPU run keeps fp32 and says so at start)."""

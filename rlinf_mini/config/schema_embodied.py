@@ -60,6 +60,11 @@ class EnvSplitConfig:
     use_dense_reward: bool = False
     """rlinf_mini, env_type metaworld: MetaWorld's shaped reward (0..10 per step) instead of RLinf's sparse success
     reward (RLinf starts from an SFT policy; an MLP trained from scratch needs the shaping)."""
+    normalize_reward: bool = False
+    """rlinf_mini, env.train: divide each sub-env's rewards by the running std of its discounted return (gamma:
+    algorithm.gamma), clipped to [-10, 10] (SB3 VecNormalize's reward half; gymnasium's NormalizeReward per sub-env,
+    as CleanRL applies it; RLinf has no such key). The actor trains on the scaled rewards; env/return and eval
+    report raw ones. The statistics are the env worker's, saved in checkpoints (env.pt)."""
     ignore_terminations: bool = False
     """env_type metaworld: success does not end the episode; episodes run to max_episode_steps (RLinf's key)."""
     total_num_envs: int = 16

@@ -39,10 +39,13 @@ def build_policy(model_cfg: ModelConfig, obs_dim: int, action_dim: int, discrete
                 where = "actor.model.num_action_chunks" if key == "num_action_chunks" else "the env"
                 raise ValueError(f"actor.model.model_path: {model_cfg.model_path!r} has {key}={policy.config[key]}, "
                                  f"but {where} has {value}")
+        if model_cfg.normalize_obs != policy.config.get("normalize_obs", False):
+            raise ValueError(f"actor.model.normalize_obs: {model_cfg.normalize_obs}, but {model_cfg.model_path!r} was "
+                             f"saved with normalize_obs={policy.config.get('normalize_obs', False)}")
         if model_cfg.add_value_head and not policy.config["add_value_head"]:
             raise ValueError(f"actor.model.model_path: {model_cfg.model_path!r} has no value head, "
                              "but actor.model.add_value_head is true")
         return policy
     return MLPPolicy(obs_dim=obs_dim, action_dim=action_dim, discrete=discrete,
                      num_action_chunks=model_cfg.num_action_chunks, hidden_dim=model_cfg.hidden_dim,
-                     add_value_head=model_cfg.add_value_head)
+                     add_value_head=model_cfg.add_value_head, normalize_obs=model_cfg.normalize_obs)

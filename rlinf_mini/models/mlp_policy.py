@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from rlinf_mini.models.hf_folder import write_folder_atomically
+from rlinf_mini.utils.running_stats import ObsNormalizer
 
 MODEL_TYPE = "mlp_policy"
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -51,14 +52,16 @@ def _backbone(in_dim: int, hidden_dim: int) -> nn.Sequential:
 
 class MLPPolicy(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, num_action_chunks: int = 1,
-                 hidden_dim: int = 64, add_value_head: bool = True):
+                 hidden_dim: int = 64, add_value_head: bool = True, normalize_obs: bool = False):
         super().__init__()
         self.config = {"obs_dim": obs_dim, "action_dim": action_dim, "discrete": discrete,
                        "num_action_chunks": num_action_chunks, "hidden_dim": hidden_dim,
-                       "add_value_head": add_value_head}  # the constructor's arguments, saved in config.json
+                       "add_value_head": add_value_head, "normalize_obs": normalize_obs}  # saved in config.json
         self.obs_dim, self.action_dim, self.discrete = obs_dim, action_dim, discrete
         self.num_action_chunks = num_action_chunks
         out_dim = num_action_chunks * action_dim  # C*A (Box) or C*n (Discrete)
+        # running obs statistics (buffers: synced, checkpointed); both heads read the normalised obs
+        self.obs_normalizer = ObsNormalizer(obs_dim) if normalize_obs else None
         self.backbone = _backbone(obs_dim, hidden_dim)
         if discrete:
             self.actor_logits = _layer(hidden_dim, out_dim, 0.01)
@@ -74,7 +77,7 @@ class MLPPolicy(nn.Module):
 
     def _head(self, obs: Tensor) -> Tensor:
         """Box: the Gaussian means [B, C, A]; Discrete: the logits [B, C, n]."""
-        features = self.backbone(obs.float())  # [B, hidden_dim]
+        features = self.backbone(self._normalize(obs))  # [B, hidden_dim]
         out = self.actor_logits(features) if self.discrete else self.actor_mean(features)  # [B, C*A]
         return out.reshape(-1, self.num_action_chunks, self.action_dim)  # [B, C, A]
 
@@ -91,10 +94,13 @@ class MLPPolicy(nn.Module):
             entropy = 0.5 + _LOG_SQRT_2PI + logstd  # [B, C, A]
         return logprob.flatten(1).sum(-1), entropy.flatten(1).sum(-1)  # [B, C(, A)] -> [B]
 
+    def _normalize(self, obs: Tensor) -> Tensor:
+        return obs.float() if self.obs_normalizer is None else self.obs_normalizer(obs)  # [B, obs_dim] float32
+
     def _values(self, obs: Tensor) -> Tensor:
         if self.value_head is None:
             return obs.new_zeros(obs.shape[0], dtype=torch.float32)  # [B]
-        return self.value_head(obs.float()).squeeze(-1)  # [B, 1] -> [B]
+        return self.value_head(self._normalize(obs)).squeeze(-1)  # [B, 1] -> [B]
 
     # ---------------------------------------------------------------------------------------------------------------
     # Rollout and training entry points (RLinf's names)
