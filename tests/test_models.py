@@ -164,7 +164,8 @@ def test_build_policy_takes_dims_from_the_env(tmp_path):
     cfg = ModelConfig(num_action_chunks=2, hidden_dim=8)
     policy = build_policy(cfg, obs_dim=OBS_DIM, action_dim=ACTION_DIM, discrete=False)
     assert policy.config == {"obs_dim": OBS_DIM, "action_dim": ACTION_DIM, "discrete": False,
-                             "num_action_chunks": 2, "hidden_dim": 8, "add_value_head": True}
+                             "num_action_chunks": 2, "hidden_dim": 8, "add_value_head": True,
+                             "normalize_obs": False}
     with pytest.raises(ValueError, match="actor.model.obs_dim"):
         build_policy(ModelConfig(obs_dim=7), obs_dim=OBS_DIM, action_dim=ACTION_DIM, discrete=False)
 
