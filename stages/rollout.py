@@ -14,6 +14,8 @@ Queues (`Channel` keys):  Rollout channel ("train"|"eval", env rank, stage) carr
 (obs: [B, D] states, or a dict with images [B, 3, H, W] and task_descriptions strings); Env channel, same keys, carries
 {actions [B, C, A] or [B, C], logprobs [B], values [B], version} and, for models that tokenize (the VLA), the
 forward_inputs (images, token ids, action tokens), which the env stores in the trajectory in place of the raw obs.
+When episodes ended by truncation in the chunk, the obs message also carries their final_obs (algorithm.bootstrap_type)
+and the reply its bootstrap_values [B]: those episodes' last rewards gain gamma * V(final obs).
 After T = max_steps_per_rollout_epoch / C chunk steps the rollout infers once more for the bootstrap values, so a
 trajectory holds values [T+1, B]. At the end of the rollout epoch(s) the env cuts its trajectories into pieces, one
 per actor share, and puts them on the Actor channel.
@@ -91,6 +93,14 @@ class EnvWorker(Worker):
         self.train_envs = self._make_stage_envs(self.cfg.env.train, "env.train")
         self.eval_envs = self._make_stage_envs(self.cfg.env.eval, "env.eval")
         self.last_obs = [env.reset() for env in self.train_envs]  # [B_stage, D] per stage
+        # algorithm.bootstrap_type: a truncated episode's last reward gets gamma * V(its final obs); the env keeps
+        # that obs, the rollout infers its value (with no value head or no auto-reset there is nothing to bootstrap)
+        algo = self.cfg.algorithm
+        self.bootstrap = (self.cfg.env.train.auto_reset and algo.adv_type == "gae"
+                          and self.cfg.actor.model.add_value_head)
+        for env in self.train_envs:
+            env.keep_final_obs({"standard": "truncations", "always": "dones"}[algo.bootstrap_type]
+                               if self.bootstrap else "none")
         # env.train.normalize_reward: one scaler per train stage; the trajectory holds the scaled rewards
         self.return_scalers = ([ReturnScaler(env.num_envs, self.cfg.algorithm.gamma) for env in self.train_envs]
                                if self.cfg.env.train.normalize_reward else None)
@@ -114,10 +124,12 @@ class EnvWorker(Worker):
             # first epoch it is the last one's final observation, put already for its bootstrap value: Channel.empty)
             first = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, obs[k])
             rollout_channel.put({"obs": first, "env_ids": env.env_ids, "sample_step": sample_base}, key=keys[k])
+        pending: list[torch.Tensor | None] = [None] * self.stage_num  # stage k: rows whose final obs was sent
         for t in range(n_steps):
             for k, env in enumerate(envs):
                 with span("wait_actions", stage=k):
                     out = env_channel.get(key=keys[k], expected_from=expected)
+                self._add_bootstrap(trajs[k], pending[k], out)
                 with span("env_step", stage=k):
                     next_obs, rewards, terminations, truncations, ep = env.chunk_step(out["actions"])
                 if scalers is not None:  # [B, C] -> [B, C]; episode_stats keep the raw returns
@@ -126,8 +138,12 @@ class EnvWorker(Worker):
                 # that the rollout infers while the env records (which only reads next_obs: a frame drawn in the
                 # channel's memory is the rollout's to read from its put on, Channel.empty).
                 if t + 1 < n_steps or record:
-                    rollout_channel.put({"obs": next_obs, "env_ids": env.env_ids,
-                                         "sample_step": sample_base + t + 1}, key=keys[k])
+                    msg = {"obs": next_obs, "env_ids": env.env_ids, "sample_step": sample_base + t + 1}
+                    final = env.final_obs if record else None
+                    pending[k] = None
+                    if final is not None:  # (ended [B], obs batch): the reply carries bootstrap_values [B]
+                        pending[k], msg["final_obs"] = final
+                    rollout_channel.put(msg, key=keys[k])
                 if record:
                     tr = trajs[k]
                     tr["obs"].append(out.get("forward_inputs", obs[k]))  # what the actor's model reads
@@ -146,9 +162,19 @@ class EnvWorker(Worker):
         if record:
             for k in range(self.stage_num):
                 out = env_channel.get(key=keys[k], expected_from=expected)
+                self._add_bootstrap(trajs[k], pending[k], out)
                 trajs[k]["values"].append(out["values"])
         stacked = [_stack_trajectory(tr) for tr in trajs] if record else []
         return stacked, {name: torch.cat(v) if v else torch.zeros(0) for name, v in stats.items()}
+
+    def _add_bootstrap(self, tr: dict[str, list], ended: torch.Tensor | None, out: dict) -> None:
+        """RLinf's compute_bootstrap_rewards: the last recorded rewards [B, C] of the sub-envs in `ended` [B] gain
+        gamma * V(final obs), the value the rollout inferred for the final_obs sent with that step's obs."""
+        if ended is None or "bootstrap_values" not in out:
+            return
+        bootstrap = torch.where(ended, out["bootstrap_values"], 0.0)  # [B]
+        tr["rewards"][-1] = tr["rewards"][-1].clone()
+        tr["rewards"][-1][:, -1] += self.cfg.algorithm.gamma * bootstrap
 
     def interact(self, rollout_channel: Channel, env_channel: Channel, actor_channel: Channel,
                  global_step: int) -> dict[str, float]:
@@ -285,6 +311,12 @@ class RolloutWorker(Worker):
                                  "values": out["values"].float().cpu(), "version": self.receiver.version}
                         if "forward_inputs" in out and mode == "train":
                             reply["forward_inputs"] = tree_map(lambda t: t.cpu(), out["forward_inputs"])
+                        if "final_obs" in msg:  # episodes that ended by truncation: V(final obs) [B]
+                            with span("bootstrap_value", stage=k), autocast(self.cfg.rollout.model.precision,
+                                                                            self.device):
+                                final = self.model.prepare_inputs(msg["final_obs"])
+                                values = self.model.predict_action_batch(final, None, mode="eval")["values"]
+                            reply["bootstrap_values"] = values.float().cpu()
                         env_channel.put(reply, key=key)
                         served += len(msg["env_ids"])
         return served

@@ -109,6 +109,12 @@ class AlgorithmConfig:
     group_size: int = 1
     """GRPO / Reinforce++ baseline group size: this many consecutive envs share each reset state (must equal
     env.train.group_size). RLinf's actor falls back to 8 when the key is absent; 1 here matches env.train's default."""
+    bootstrap_type: Literal["standard", "always"] = "standard"
+    """GAE with a value head and env.train.auto_reset: an episode that ends by truncation (the time limit) is not a
+    terminal state, so its last reward gets + gamma * V(final observation), the value the rollout infers for the
+    observation before the auto-reset ('standard'); 'always' does it for terminations too (RLinf's
+    maniskill_ppo_mlp.yaml sets it). RLinf's env_worker.compute_bootstrap_rewards, whose default
+    is 'standard'. Here also for an episode that ends inside an action chunk (RLinf: only on the chunk's last step)."""
     normalize_advantages: bool = True
     """GAE: whiten advantages with RLinf's safe_normalize ((A - mean) / (unbiased std + 1e-5), statistics over the
     loss mask, applied to every entry). Differs on purpose: the statistics are over every actor rank (RLinf: per

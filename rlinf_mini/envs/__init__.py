@@ -22,6 +22,10 @@ metaworld.py) has `spec`, `num_envs`, and:
     the new episode's latest obs.
   - auto_reset False: the sub-env stays finished until the next reset(): reward 0, no termination or truncation, and
     its obs stays the final obs.
+- `final_obs_of` ('none', 'truncations' or 'dones'; set by the env worker from algorithm.bootstrap_type) and
+  `final_obs`: after each chunk_step, None, or (ended [B] bool, an obs batch whose `ended` rows hold the final
+  observation of the episode that ended that way in the chunk and was auto-reset; the other rows are the returned
+  obs). The rollout's value of it bootstraps the episode's last reward (stages/rollout.py); ManiSkill keeps none.
 - `get_state() -> dict` / `set_state(dict)`: everything needed to continue bitwise after a resume.
 - `close()`.
 - If cfg.step_latency_s > 0, each sub-step sleeps that long (emulating a slow simulator; RLinf's InsertDelay wrapper).
@@ -31,7 +35,7 @@ RLinf counterpart: `rlinf/envs/__init__.py::get_env_cls` and `ManiskillEnv.chunk
 Optional: `render() -> uint8 [B, 3, H, W]` frames for eval videos (rlinf_mini/envs/video.py); `obs_empty(shape,
 dtype)`, where an env that draws images allocates each frame (PixelReach): the env worker sets it to its rollout
 channel's `empty`, so that the frame is drawn in shared memory and put without a copy.
-Left out: offloading, `ignore_terminations`, and the `final_observation` info.
+Left out: offloading and `ignore_terminations` (MetaWorld has it).
 RLinf's ManiSkill env finishes a chunk in the ended episode and resets after it; we reset at once, as stated above.
 """
 

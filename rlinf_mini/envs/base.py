@@ -27,6 +27,21 @@ class EnvError(ValueError):
     """An env that cannot be built from the config: one line naming the key, e.g. 'env.train.init_params.id: ...'."""
 
 
+FINAL_OBS_OF = ("none", "truncations", "dones")
+"""What a VectorEnv's `final_obs_of` may ask for (the env worker sets it from algorithm.bootstrap_type)."""
+
+
+def final_obs_batch(obs, finals: dict[int, object]):
+    """The obs batch (a tensor [B, ...] or a dict of them and lists of strings) with row b replaced by `finals[b]`,
+    the final observation of the episode sub-env b just ended (same structure, one row). Returns a new batch."""
+    if isinstance(obs, dict):
+        return {name: final_obs_batch(v, {b: f[name] for b, f in finals.items()}) for name, v in obs.items()}
+    out = list(obs) if isinstance(obs, list) else obs.clone()
+    for b, row in finals.items():
+        out[b] = row
+    return out
+
+
 class TorchChunkEnv:
     """The chunk rules above, written once for the envs whose whole state is torch tensors (FakeReach, PixelReach).
 
@@ -34,6 +49,12 @@ class TorchChunkEnv:
     `finished` [B] bool, and defines `_check_actions(actions)`, `_obs()`, `_reset_where(mask [B])` and
     `_substep(actions_c, live) -> (reward [B] float32, success [B] bool)`: one sub-step of the live sub-envs.
     """
+
+    final_obs_of = "none"
+    """Which ended episodes keep their final observation in `final_obs` (FINAL_OBS_OF; set by the env worker)."""
+    final_obs = None
+    """After chunk_step: None, or (ended [B] bool, obs batch whose `ended` rows hold the final observation of the
+    episode that ended and was auto-reset in the chunk); the rollout's value of it bootstraps a truncated episode."""
 
     def chunk_step(self, actions: torch.Tensor):
         """Execute C actions open loop -> (obs, rewards [B, C], terminations [B, C], truncations [B, C],
@@ -45,6 +66,7 @@ class TorchChunkEnv:
         truncations = torch.zeros(B, C, dtype=torch.bool)
         ended_in_chunk = torch.zeros(B, dtype=torch.bool)  # later sub-steps of these rows are masked
         stats: dict[str, list[torch.Tensor]] = {"return": [], "episode_len": [], "success_once": []}
+        finals: dict[int, object] = {}  # sub-env -> the final obs of its episode that ended (one row)
         for c in range(C):
             if self.cfg.step_latency_s > 0:
                 time.sleep(self.cfg.step_latency_s)
@@ -65,8 +87,21 @@ class TorchChunkEnv:
                 stats["episode_len"].append(self.elapsed[done].to(torch.float32))
                 stats["success_once"].append(success[done].to(torch.float32))
                 if self.cfg.auto_reset:
+                    keep = {"truncations": truncated, "dones": done}.get(self.final_obs_of)
+                    keep = None if keep is None else keep & shown  # only the chunk's first episode end is shown
+                    if keep is not None and keep.any():  # its obs, before the reset overwrites it
+                        last = self._obs()
+                        for b in keep.nonzero().flatten().tolist():
+                            finals[b] = ({k: v[b] for k, v in last.items()} if isinstance(last, dict)
+                                         else last[b])
                     self._reset_where(done)
                 else:
                     self.finished = self.finished | done
         episode_stats = {k: torch.cat(v) if v else torch.zeros(0) for k, v in stats.items()}
-        return self._obs(), rewards, terminations, truncations, episode_stats
+        obs = self._obs()
+        self.final_obs = None
+        if finals:
+            ended = torch.zeros(B, dtype=torch.bool)
+            ended[list(finals)] = True
+            self.final_obs = (ended, final_obs_batch(obs, finals))
+        return obs, rewards, terminations, truncations, episode_stats

@@ -26,6 +26,16 @@ class GuardedEnv:
         ids = env.env_ids
         self._ids = f"sub-envs {int(ids[0])}-{int(ids[-1])}" if len(ids) else "no sub-envs"
 
+    @property
+    def final_obs(self):
+        """The contract's final_obs after chunk_step (None for an env that keeps none, e.g. ManiSkill's)."""
+        return getattr(self.env, "final_obs", None)
+
+    def keep_final_obs(self, of: str) -> None:
+        """Ask the env to keep the final observations of the episodes that end by 'truncations' or 'dones'."""
+        if hasattr(self.env, "final_obs_of"):
+            self.env.final_obs_of = of
+
     def _fail(self, method: str, e: Exception) -> EnvFailure:
         return EnvFailure(f"{self.where} ({self._ids}): env {method}() raised {type(e).__name__}: {e}")
 

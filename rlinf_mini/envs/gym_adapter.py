@@ -30,7 +30,7 @@ import torch
 from gymnasium.wrappers import TimeLimit
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs.base import EnvError, EnvSpec
+from rlinf_mini.envs.base import EnvError, EnvSpec, final_obs_batch
 
 
 def _make_one(cfg: EnvSplitConfig, key: str) -> gymnasium.Env:
@@ -92,6 +92,8 @@ class GymnasiumVectorEnv:
         self.episode_return = [0.0] * B  # sum of the current episode's rewards (Python floats are float64)
         self.num_resets = [0] * B  # episodes started so far
         self.finished = [False] * B  # auto_reset False: done until the next reset()
+        self.final_obs_of = "none"  # the contract's final_obs (rlinf_mini/envs/__init__.py), set by the env worker
+        self.final_obs = None
 
     def _reset_one(self, b: int) -> None:
         first = self.num_resets[b] == 0 or self.cfg.use_fixed_reset_state_ids
@@ -130,6 +132,7 @@ class GymnasiumVectorEnv:
         truncations = np.zeros((B, C), dtype=bool)
         ended_in_chunk = [False] * B  # later sub-steps of these rows are masked
         stats: dict[str, list[float]] = {"return": [], "episode_len": [], "success_once": []}
+        finals: dict[int, torch.Tensor] = {}  # sub-env -> the final obs [obs_dim] of its episode that ended
         for c in range(C):
             if self.cfg.step_latency_s > 0:
                 time.sleep(self.cfg.step_latency_s)
@@ -146,6 +149,9 @@ class GymnasiumVectorEnv:
                     terminations[b, c] = terminated
                     truncations[b, c] = truncated
                 if terminated or truncated:
+                    keep = {"truncations": truncated, "dones": True}.get(self.final_obs_of, False)
+                    if keep and self.cfg.auto_reset and not ended_in_chunk[b]:
+                        finals[b] = torch.from_numpy(self.obs[b].copy())
                     ended_in_chunk[b] = True
                     stats["return"].append(self.episode_return[b])
                     stats["episode_len"].append(float(self.elapsed[b]))
@@ -157,6 +163,11 @@ class GymnasiumVectorEnv:
         episode_stats = {k: torch.tensor(v, dtype=torch.float32) for k, v in stats.items()}
         obs = torch.from_numpy(self.obs.copy())  # a copy: self.obs keeps changing on the next call
         rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
+        self.final_obs = None
+        if finals:
+            ended = torch.zeros(B, dtype=torch.bool)
+            ended[list(finals)] = True
+            self.final_obs = (ended, final_obs_batch(obs, finals))
         return obs, rewards, terminations, truncations, episode_stats
 
     def get_state(self) -> dict:

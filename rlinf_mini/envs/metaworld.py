@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs.base import EnvError, EnvSpec
+from rlinf_mini.envs.base import EnvError, EnvSpec, final_obs_batch
 from rlinf_mini.envs.metaworld_tasks import SUITES, TASK_DESCRIPTIONS, suite_task_names
 
 SETTLE_STEPS = 15
@@ -96,6 +96,8 @@ class MetaWorldVectorEnv:
         self.num_resets = [0] * B
         self.finished = [False] * B  # auto_reset False: done until the next reset()
         self.obs_empty = torch.empty  # the env worker may set its channel's allocator (frames drawn in shared memory)
+        self.final_obs_of = "none"  # the contract's final_obs (rlinf_mini/envs/__init__.py), set by the env worker
+        self.final_obs = None
 
     def _reset_one(self, b: int) -> None:
         env = self.envs[b]
@@ -125,6 +127,15 @@ class MetaWorldVectorEnv:
         return {"images": images, "task_descriptions": list(self.task_descriptions),
                 "states": state[:, :RGB_STATE_DIM].clone()}
 
+    def _obs_row(self, b: int):
+        """Sub-env b's observation now (one row of _obs()): for the final observation of an episode."""
+        state = torch.from_numpy(self.state[b].copy())
+        if not self.rgb:
+            return state
+        frame = np.ascontiguousarray(self.envs[b].render()[::-1, ::-1])
+        return {"images": torch.from_numpy(frame).permute(2, 0, 1), "task_descriptions": self.task_descriptions[b],
+                "states": state[:RGB_STATE_DIM]}
+
     def reset(self):
         """Start a new episode in every sub-env (a new reset round)."""
         for b in range(self.num_envs):
@@ -150,6 +161,7 @@ class MetaWorldVectorEnv:
         truncations = np.zeros((B, C), dtype=bool)
         ended_in_chunk = [False] * B
         stats: dict[str, list[float]] = {"return": [], "episode_len": [], "success_once": [], "success_at_end": []}
+        finals: dict[int, object] = {}  # sub-env -> the final obs of its episode that ended (one row)
         for c in range(C):
             if self.cfg.step_latency_s > 0:
                 time.sleep(self.cfg.step_latency_s)
@@ -170,6 +182,9 @@ class MetaWorldVectorEnv:
                     terminations[b, c] = terminated
                     truncations[b, c] = truncated
                 if terminated or truncated:
+                    keep = {"truncations": truncated, "dones": True}.get(self.final_obs_of, False)
+                    if keep and self.cfg.auto_reset and not ended_in_chunk[b]:
+                        finals[b] = self._obs_row(b)
                     ended_in_chunk[b] = True
                     stats["return"].append(self.episode_return[b])
                     stats["episode_len"].append(float(self.elapsed[b]))
@@ -181,7 +196,13 @@ class MetaWorldVectorEnv:
                         self.finished[b] = True
         episode_stats = {k: torch.tensor(v, dtype=torch.float32) for k, v in stats.items()}
         rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
-        return self._obs(), rewards, terminations, truncations, episode_stats
+        obs = self._obs()
+        self.final_obs = None
+        if finals:
+            ended = torch.zeros(B, dtype=torch.bool)
+            ended[list(finals)] = True
+            self.final_obs = (ended, final_obs_batch(obs, finals))
+        return obs, rewards, terminations, truncations, episode_stats
 
     def render(self) -> torch.Tensor:
         """uint8 [B, 3, H, W] frames for eval videos (needs video_cfg.save_video or obs_mode 'rgb')."""
