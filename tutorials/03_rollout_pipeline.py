@@ -91,6 +91,9 @@ def config(stage_num: int):
                         "--runner.logger.log-path", str(OUT / "runs"), "--runner.logger.experiment-name", "03_step"])
 
 
+ROLLOUT_WEIGHTS = {}
+
+
 def one_rollout(stage_num: int, then_train: bool = False):
     cfg = config(stage_num)
     plan = RunPlan(cfg, f"03 stage_num {stage_num}")
@@ -99,6 +102,7 @@ def one_rollout(stage_num: int, then_train: bool = False):
         runner = launch(cfg, plan, cluster)
         runner.init_workers()  # runner.trace is on by default: every worker records spans
         runner.update_rollout_weights()
+        ROLLOUT_WEIGHTS[stage_num] = runner.rollout.get_state_dict().wait()[0]  # version 0, for the replay below
         runner.actor.set_global_step(0).wait()
         metrics = runner.generate_rollouts()
         batches = runner.actor.get_rollout_batch().wait()  # one dict per actor rank
@@ -159,17 +163,33 @@ assert traj["rewards"].abs().sum() > 0  # a real rollout: the policy moved, rewa
 # its two, its done is "either env step ended the episode", and the time limit did truncate episodes in this run
 # (with `auto_reset`, the default, a sub-env whose episode ended starts the next one at once). 8 chunk steps made 16
 # env steps per env.
+#
+# A truncated episode did not end in a terminal state: the time limit cut it. Its last reward therefore also holds
+# gamma × V(final observation) (`algorithm.bootstrap_type: standard`, RLinf's default): the env keeps the observation
+# it saw before the auto-reset (`env.final_obs`), sends it with the next observations, and the rollout infers its
+# value. Here the replay asks the env for those observations and values them with the rollout's weights of version
+# 0, the ones that produced the trajectory.
 
 # %%
 from rlinf_mini.envs import make_env
+from rlinf_mini.models import build_policy
 
 env = make_env(cfg2.env.train, torch.arange(16), C)
+env.final_obs_of = "truncations"  # what the env worker sets for bootstrap_type standard
+policy = build_policy(cfg2.actor.model, env.spec.obs_dim, env.spec.action_dim, env.spec.discrete)
+policy.load_state_dict(ROLLOUT_WEIGHTS[2])
 assert torch.equal(env.reset(), traj["obs"][0])
 env_steps, truncated = 0, 0
 for t in range(T):
     _, rewards, terminations, truncations, _ = env.chunk_step(traj["actions"][t])
     assert rewards.shape == terminations.shape == truncations.shape == (16, C)
-    assert torch.equal(traj["rewards"][t], rewards.sum(dim=1))
+    want = rewards.sum(dim=1)
+    if env.final_obs is not None:  # (ended [16], observations whose ended rows are the final ones)
+        ended, final_obs = env.final_obs
+        with torch.no_grad():
+            values = policy.predict_action_batch(final_obs, None, mode="eval")["values"]
+        want = want + torch.where(ended, cfg2.algorithm.gamma * values, 0.0)
+    torch.testing.assert_close(traj["rewards"][t], want, rtol=0, atol=1e-6)
     assert torch.equal(traj["dones"][t], (terminations | truncations).any(dim=1))
     env_steps += rewards.shape[1]
     truncated += int(truncations.sum())
