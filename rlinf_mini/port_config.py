@@ -89,6 +89,8 @@ IGNORED: list[tuple[str, str]] = [
     ("env.*", "a setting of RLinf's simulator wrappers; rlinf_mini's envs take none"),
 ]
 SUPPORTED_ADV, SUPPORTED_LOSS = ("gae", "grpo", "reinpp"), ("actor_critic", "actor")
+PORTED_CAMERA = 40
+"""Side in pixels of the MetaWorld camera frames a ported image config renders for the tiny VLA (patch size 4)."""
 IMAGE_MODELS = {"mlp_policy": False}  # every other RLinf model_type reads images: the tiny VLA stands in for it
 
 
@@ -224,10 +226,14 @@ class Port:
         for key in ("actor.model.precision", "rollout.model.precision"):
             if self._get(key) not in (None, "32", 32):
                 self._replace(key, "32", "only float32 (CPU); mixed precision is left out")
-        have_maniskill = importlib.util.find_spec("mani_skill") is not None
+        have = {sim: importlib.util.find_spec(module) is not None
+                for sim, module in (("maniskill", "mani_skill"), ("metaworld", "metaworld"))}
         for split in ("train", "eval"):
             env_type = self._get(f"env.{split}.env_type")
-            if env_type in (None, "fake", "gymnasium") or (env_type == "maniskill" and have_maniskill):
+            if env_type == "metaworld" and have["metaworld"]:
+                self._port_metaworld(split, image)
+                continue
+            if env_type in (None, "fake", "gymnasium") or (env_type == "maniskill" and have["maniskill"]):
                 continue
             fake_id = "PixelReach-v0" if image else "FakeReach-v0"
             self._replace(f"env.{split}.env_type", "fake", f"the {env_type} simulator is not installed: rlinf_mini's "
@@ -251,6 +257,21 @@ class Port:
             self.replaced.append(("cluster.num_devices", None, _max_device(placement) + 1,
                                   "rlinf_mini's device count: one past the highest device the placement names "
                                   "(virtual CPU devices without GPUs)"))
+
+    def _port_metaworld(self, split: str, image: bool) -> None:
+        """MetaWorld runs here (CPU): the VLA sees camera frames at the tiny VLA's size, the MLP the 39-dim state."""
+        if split == "eval" and self._get("env.eval.auto_reset"):
+            self._replace("env.eval.auto_reset", False, "rlinf_mini evaluates one episode per sub-env "
+                                                        "(eval/success_once is a fraction of the eval envs)")
+        mode = "rgb" if image else "state"
+        if self._get(f"env.{split}.init_params.obs_mode") != mode:
+            self._replace(f"env.{split}.init_params.obs_mode", mode, "what the model reads: camera frames for an "
+                          "image model, the 39-dim state for the MLP")
+        for key in ("camera_heights", "camera_widths"):
+            if image and self._get(f"env.{split}.init_params.{key}") not in (None, PORTED_CAMERA):
+                self._replace(f"env.{split}.init_params.{key}", PORTED_CAMERA, f"the tiny VLA's {PORTED_CAMERA} x "
+                              f"{PORTED_CAMERA} frames (a {self._get(f'env.{split}.init_params.{key}')}-pixel side "
+                              "is for pi0 on a GPU)")
 
     def config(self) -> TrainConfig:
         return config_from_tree(self.tree, f"{self.file} (ported)")

@@ -295,3 +295,132 @@ def test_key_table_lists_each_key_with_a_verdict(tmp_path):
     assert "| `env.*.env_type` | 1 | carried when rlinf_mini has it; else replaced" in table
     assert "| `hydra.searchpath` | 1 | ignored: Hydra" in table
     assert all(ln.count("|") == 4 for ln in rows) and len(rows) > 40
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# RLinf's MetaWorld config: modelled on examples/embodiment/config/metaworld_50_ppo_openpi.yaml and its
+# env/metaworld_50.yaml (pi0 on MetaWorld's 50 tasks, camera frames, chunks of 5 actions)
+
+MW_PRIMARY = """\
+defaults:
+  - env/metaworld_50@env.train
+  - env/metaworld_50@env.eval
+  - model/pi0@actor.model
+  - override hydra/job_logging: stdout
+
+cluster:
+  num_nodes: 1
+  component_placement:
+    actor,env,rollout: all
+
+runner:
+  task_type: embodied
+  logger:
+    log_path: LOG
+    experiment_name: "metaworld_50_ppo_openpi"
+    logger_backends: ["tensorboard"]
+  max_epochs: 1000
+  val_check_interval: -1
+  save_interval: 50
+
+algorithm:
+  normalize_advantages: True
+  reward_type: chunk_level
+  update_epoch: 4
+  adv_type: gae
+  loss_type: actor_critic
+  clip_ratio_c: 3.0
+  value_clip: 0.2
+  huber_delta: 10.0
+  gamma: 0.99
+  gae_lambda: 0.95
+
+env:
+  group_name: "EnvGroup"
+  train:
+    rollout_epoch: 8
+    total_num_envs: 64
+  eval:
+    total_num_envs: 500
+    auto_reset: True
+    ignore_terminations: True
+    use_fixed_reset_state_ids: True
+
+rollout:
+  group_name: "RolloutGroup"
+  pipeline_stage_num: 1
+  model:
+    model_path: "/path/to/model/RLinf-Pi0-MetaWorld-SFT"
+    precision: ${actor.model.precision}
+
+actor:
+  group_name: "ActorGroup"
+  micro_batch_size: 128
+  global_batch_size: 2048
+  seed: 42
+  model:
+    model_path: "/path/to/model/RLinf-Pi0-MetaWorld-SFT"
+    num_action_chunks: 5
+    action_dim: 4
+    add_value_head: True
+  optim:
+    lr: 1.0e-5
+    value_lr: 1.0e-4
+"""
+
+METAWORLD_50 = """\
+env_type: metaworld
+task_suite_name: metaworld_50
+auto_reset: False
+ignore_terminations: False
+max_steps_per_rollout_epoch: 100
+max_episode_steps: 100
+use_rel_reward: True
+reward_coef: 1.0
+seed: 0
+group_size: 1
+use_fixed_reset_state_ids: False
+video_cfg:
+  save_video: False
+init_params:
+  camera_heights: 480
+  camera_widths: 480
+"""
+
+PI0 = """\
+model_type: "openpi"
+model_path: ""
+precision: null
+num_action_chunks: 5
+action_dim: 4
+add_value_head: True
+openpi:
+  config_name: "pi0_metaworld"
+"""
+
+
+def test_port_of_rlinfs_metaworld_config_keeps_the_simulator_and_trains_the_tiny_vla(tmp_path, capsys):
+    pytest.importorskip("metaworld", reason="metaworld not installed (pip install -e '.[metaworld]')")
+    root = tmp_path / "config"
+    for rel, text in {"main.yaml": MW_PRIMARY.replace("LOG", str(tmp_path / "results")),
+                      "env/metaworld_50.yaml": METAWORLD_50, "model/pi0.yaml": PI0}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    out = tmp_path / "ported.yaml"
+    assert main([str(root / "main.yaml"), "-o", str(out)]) == 0
+    report = capsys.readouterr().out
+    model_lines = [ln for ln in report.splitlines() if "'openpi' -> 'tiny_vla'" in ln]
+    assert len(model_lines) == 1 and "stands in" in model_lines[0]  # the model's replacement, said in one line
+    assert "-> 'fake'" not in report  # MetaWorld is installed: the simulator is kept
+    cfg = load_config(["--config", str(out)])
+    for split in (cfg.env.train, cfg.env.eval):
+        assert split.env_type == "metaworld" and split.task_suite_name == "metaworld_50"
+        assert split.init_params.obs_mode == "rgb" and split.init_params.camera_heights == 40
+    assert not cfg.env.eval.auto_reset and cfg.actor.model.num_action_chunks == 5
+    # 2 training steps, shrunk by key=value only: 2 sub-envs x 10 env steps (2 chunks of 5) per epoch
+    small = ["runner.max_epochs=2", "env.train.total_num_envs=2", "env.train.rollout_epoch=1",
+             "env.train.max_steps_per_rollout_epoch=10", "env.eval.total_num_envs=2",
+             "env.eval.max_steps_per_rollout_epoch=10", "actor.global_batch_size=4", "actor.micro_batch_size=2"]
+    cfg = load_config(["--config", str(out), *small])
+    history = build_and_run(cfg, RunPlan(cfg, str(out)))
+    assert [h["step"] for h in history if "train/actor/policy_loss" in h] == [1, 2]
