@@ -5,8 +5,8 @@
 
 The work per call is set by the two latency knobs, both waits (the process sleeps, its core stays free):
 `env.train.step_latency_s` (a simulator) and `rollout.policy_latency_s` (a policy on a GPU or a server). A `Case`
-says what a full batch of all envs costs and how that cost splits over S pipeline stages; every case has one env rank
-and one rollout rank, so the placements differ only in which devices (here: cores) the processes share.
+says what a full batch of all envs costs and how that cost splits over S pipeline stages; every case but `ranks2` has
+one env rank and one rollout rank, so the placements differ only in which devices (here: cores) the processes share.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ PLACEMENTS = {
     "collocated": (2, {"env,rollout,actor": "0-1:0"}),  # one process each, every process on both devices
     "disaggregated": (3, {"env": "0", "rollout": "1", "actor": "2"}),  # 3 devices on 2 cores: actor shares core 0
     "hybrid": (2, {"env": "0", "rollout": "1", "actor": "0-1"}),  # the shipped config's placement
+    "ranks2": (2, {"env,rollout,actor": "0-1"}),  # RLinf's collocated on 2 devices: 2 ranks of each, one per device
 }
 
 
@@ -53,18 +54,18 @@ class Case:
         return self.stage_num * max(env, policy)
 
 
-def _config(case: Case, n_steps: int, log_path: str):
+def _config(case: Case, n_steps: int, log_path: str, config: str = CONFIG, num_envs: int = NUM_ENVS):
     from rlinf_mini.config import load_config
 
     env, policy = case.latencies
-    cfg = load_config(["--config", CONFIG, "--runner.logger.log_path", log_path,
+    cfg = load_config(["--config", config, "--runner.logger.log_path", log_path,
                        "--runner.logger.experiment-name", case.tag,
                        "--runner.no-progress-bar", "--runner.no-trace", "--runner.log-interval", "1000",
                        "--runner.val-check-interval", "-1", "--runner.save-interval", "-1",
                        "--rollout.pipeline-stage-num", str(case.stage_num),
                        "--env.train.max-steps-per-rollout-epoch", str(n_steps),
-                       "--actor.global-batch-size", str(NUM_ENVS * n_steps),
-                       "--actor.micro-batch-size", str(NUM_ENVS * n_steps // 2),
+                       "--actor.global-batch-size", str(num_envs * n_steps),
+                       "--actor.micro-batch-size", str(num_envs * n_steps // 2),
                        "--env.train.step-latency-s", repr(env), "--rollout.policy-latency-s", repr(policy)])
     num_devices, placement = PLACEMENTS[case.placement]
     names = {"env": f"Env{case.tag}", "rollout": f"Rollout{case.tag}", "actor": f"Actor{case.tag}"}  # one cluster
@@ -77,8 +78,8 @@ def _config(case: Case, n_steps: int, log_path: str):
         actor=dataclasses.replace(cfg.actor, group_name=names["actor"]))
 
 
-def measure(cases: list[Case], n_steps: int, reps: int, trace: Case | None = None) -> tuple[dict[Case, list[dict]],
-                                                                                              list]:
+def measure(cases: list[Case], n_steps: int, reps: int, trace: Case | None = None, config: str = CONFIG,
+            num_envs: int = NUM_ENVS) -> tuple[dict[Case, list[dict]], list]:
     """Start one runner per case in one cluster, warm each up with one training step, then run `reps` rounds of one
     step each, the cases in turn within a round (so a busy machine slows every case alike). Returns, per case, each
     round's {"generate_s", "step_s"} (the runner's own timers), and the spans of `trace`'s last round (env and
@@ -89,14 +90,14 @@ def measure(cases: list[Case], n_steps: int, reps: int, trace: Case | None = Non
     times: dict[Case, list[dict]] = {c: [] for c in cases}
     spans: list = []
     with tempfile.TemporaryDirectory(prefix="bench_pipeline_") as log_path:
-        cfgs = {c: _config(c, n_steps, log_path) for c in cases}
+        cfgs = {c: _config(c, n_steps, log_path, config, num_envs) for c in cases}
         devices = {cfg.cluster.num_devices for cfg in cfgs.values()}
         assert len(devices) == 1, f"one cluster, one device count: {devices}"
         cluster = Cluster(next(iter(cfgs.values())).cluster)
         try:
             runners = {}
             for c, cfg in cfgs.items():  # the processes of every runner start together
-                plan = RunPlan(cfg, f"{CONFIG} ({c.tag})")
+                plan = RunPlan(cfg, f"{config} ({c.tag})")
                 plan.run_dir.mkdir(parents=True)
                 runners[c] = launch(cfg, plan, cluster)
             for runner in runners.values():
