@@ -273,7 +273,7 @@ class ReasoningRolloutWorker(Worker):
             result = self._generate([prompt_ids[i] for i in idx], torch.tensor(idx), greedy=True)
             texts = decode_responses(self.tokenizer, result["response_ids"], result["response_mask"])
             for i, text in zip(idx, texts, strict=True):
-                out += [float(i), float(math_reward(text, answers[i], 1.0, 0.0))]
+                out += [float(i), float(math_reward(text, answers[i], 1.0, 0.0, self.cfg.reward.verifier))]
         return out
 
     def close(self) -> None:

@@ -10,6 +10,8 @@ import types
 import pytest
 import torch
 
+from rlinf_mini.config.schema_reasoning import REWARD_FUNC_NAMES
+from stages.reasoning_reward import REWARD_FUNCS, overlong_reward, score_responses
 from stages.reasoning_train import compute_grpo_token_advantages, grpo_policy_loss
 
 G = 4
@@ -88,3 +90,63 @@ def test_gspo_gradient_moves_every_token_of_a_response_by_its_sequence_ratio():
     loss.backward()
     s = math.exp(0.05)
     assert new.grad[0, :3].tolist() == pytest.approx([-s / 3] * 3, rel=1e-5) and float(new.grad[0, 3]) == 0.0
+
+
+# --- DAPO's overlong reward shaping (arXiv 2503.14476, eq. 13) ----------------------------------------------------
+
+def dapo_length_reward(length: int, l_max: int, l_cache: int) -> float:  # the paper's piecewise function
+    if length <= l_max - l_cache:
+        return 0.0
+    if length <= l_max:
+        return ((l_max - l_cache) - length) / l_cache
+    return -1.0
+
+
+@pytest.mark.parametrize("coef", [1.0, 0.1])
+def test_overlong_reward_against_dapo_eq_13(coef):
+    safe, longest = 6, 10  # L_cache = 4
+    lengths = torch.tensor([0, 1, 5, 6, 7, 8, 9, 10, 11, 40])  # a one-token response, the bounds, past the cap
+    got = overlong_reward(lengths, coef, safe, longest)
+    for n, g in zip(lengths.tolist(), got.tolist(), strict=True):
+        assert g == pytest.approx(coef * dapo_length_reward(n, longest, longest - safe), abs=1e-7)
+
+
+def reward_cfg(**kw):
+    base = dict(reward_funcs=["accuracy"], reward_weights=[], reward_scale=1.0, reward_max_val=1.0,
+                reward_min_val=-1.0, verifier="rule")
+    return types.SimpleNamespace(**(base | kw))
+
+
+def algo_cfg(**kw):
+    return types.SimpleNamespace(**(dict(len_reward_penalty=0.0, safe_length=16384, max_length=20480) | kw))
+
+
+TEXTS = ["52", "\\boxed{52}", "51", "it is 52 I think", "", "#### 7"]
+REFS = [["52"], ["52"], ["52"], ["52"], ["52"], ["8"]]
+
+
+def test_weighted_reward_functions_against_a_plain_sum():
+    cfg = reward_cfg(reward_funcs=["accuracy", "format"], reward_weights=[1.0, 0.5], reward_scale=2.0)
+    lengths = torch.tensor([3, 4, 3, 8, 1, 2])
+    rewards, terms = score_responses(TEXTS, REFS, lengths, cfg, algo_cfg())
+    accuracy = [1.0, 1.0, -1.0, 1.0, -1.0, -1.0]  # the last number of the fourth; nothing in the empty one
+    form = [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]  # a bare number, a box, '####' are final forms; prose is not
+    assert terms["accuracy"].tolist() == accuracy and terms["format"].tolist() == form
+    assert rewards.tolist() == pytest.approx([2.0 * (a + 0.5 * f) for a, f in zip(accuracy, form, strict=True)])
+
+
+def test_overlong_term_is_added_after_the_scale_and_logged():
+    cfg = reward_cfg(reward_scale=3.0)
+    lengths = torch.tensor([3, 4, 3, 8, 1, 2])  # safe 2, max 6: 0.25, 0.5, 0.25, 1 (capped), 0, 0 of the penalty
+    rewards, terms = score_responses(TEXTS, REFS, lengths, cfg, algo_cfg(len_reward_penalty=0.4, safe_length=2,
+                                                                         max_length=6))
+    penalty = [-0.4 * min(max((n - 2) / 4, 0.0), 1.0) for n in lengths.tolist()]
+    assert terms["overlong"].tolist() == pytest.approx(penalty)
+    assert rewards.tolist() == pytest.approx([3.0 * a + p for a, p in zip(terms["accuracy"].tolist(), penalty,
+                                                                            strict=True)])
+    _, off = score_responses(TEXTS, REFS, lengths, cfg, algo_cfg())
+    assert "overlong" not in off  # len_reward_penalty 0: no term, the reward unchanged
+
+
+def test_reward_func_names_in_the_schema_are_the_stage_s():
+    assert tuple(REWARD_FUNCS) == REWARD_FUNC_NAMES

@@ -89,6 +89,9 @@ class ReasoningRunner(Runner):
                 rollout_metrics, reward_metrics = rollout_run.wait(), reward_run.wait()
         n = sum(m["reward/count"] for m in reward_metrics)
         metrics["rollout/accuracy"] = sum(m["reward/correct"] for m in reward_metrics) / n
+        for key in sorted({k for m in reward_metrics for k in m if k.startswith("reward_sum/")}):
+            name = key.removeprefix("reward_sum/")  # each reward function's unweighted mean, and the overlong term
+            metrics[f"reward/{name}"] = sum(m.get(key, 0.0) for m in reward_metrics) / n
         metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens"] for m in rollout_metrics) / max(
             max(m["time/rollout/generate"] for m in rollout_metrics), 1e-9)
         metrics["time/rollout"] = max(m["time/rollout/generate"] for m in rollout_metrics)
