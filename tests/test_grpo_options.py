@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlinf_mini.config.schema_reasoning import REWARD_FUNC_NAMES
+from stages.dynamic_sampling import constant_groups, dynamic_sampling, join_groups, split_groups
 from stages.reasoning_reward import REWARD_FUNCS, overlong_reward, score_responses
 from stages.reasoning_train import compute_grpo_token_advantages, grpo_policy_loss
 
@@ -150,3 +151,64 @@ def test_overlong_term_is_added_after_the_scale_and_logged():
 
 def test_reward_func_names_in_the_schema_are_the_stage_s():
     assert tuple(REWARD_FUNCS) == REWARD_FUNC_NAMES
+
+
+# --- DAPO's dynamic sampling (arXiv 2503.14476, eq. 11) -----------------------------------------------------------
+
+def fake_group(prompt: int, width: int = 2) -> dict:
+    """A scored group of G responses whose rewards are a fixed function of the prompt: all equal when prompt % 3 == 0
+    (alternately all 1 and all -1), else mixed."""
+    if prompt % 3 == 0:
+        rewards = torch.full((G,), 1.0 if prompt % 2 else -1.0)
+    else:
+        rewards = torch.tensor([1.0, -1.0, -1.0, -1.0]).roll(prompt)
+    ids = torch.full((G, width), prompt)
+    return {"prompt_ids": ids, "prompt_mask": torch.ones(G, width, dtype=torch.long), "response_ids": ids.clone(),
+            "response_mask": torch.ones(G, width, dtype=torch.long), "logprobs": torch.zeros(G, width),
+            "rewards": rewards, "answers": [[str(prompt)]] * G, "version": 0}
+
+
+def plain_dynamic_sampling(prompts, next_prompt, max_resample):  # the rule written out: drop, refill, repeat
+    batch, dropped, rounds = list(prompts), 0, 0
+    while rounds < max_resample and any(p % 3 == 0 for p in batch):
+        rounds += 1
+        for i, p in enumerate(batch):
+            if p % 3 == 0:
+                dropped += 1
+                batch[i] = next_prompt()
+    return sorted(batch), dropped, rounds
+
+
+@pytest.mark.parametrize("max_resample", [0, 1, 2, 5])
+def test_dynamic_sampling_counts_against_a_plain_loop(max_resample):
+    counter = iter(range(8, 100))
+    rounds_seen = []
+
+    def sample(n, round_):
+        rounds_seen.append((n, round_))
+        return [fake_group(next(counter)) for _ in range(n)]
+
+    groups, stats = dynamic_sampling([fake_group(p) for p in range(8)], sample, G, max_resample)
+    plain_counter = iter(range(8, 100))
+    want, dropped, rounds = plain_dynamic_sampling(range(8), lambda: next(plain_counter), max_resample)
+    got = sorted(int(g["prompt_ids"][0, 0]) for g in groups)
+    assert got == want and len(groups) == 8
+    # prompts 0, 3, 6 dropped -> 8, 9, 10 (9 dropped) -> 11: three, then one, after two rounds
+    assert stats == {"rollout/dropped_groups": float(dropped), "rollout/resample_rounds": float(rounds),
+                     "rollout/constant_groups_kept": float(sum(p % 3 == 0 for p in want))}
+    assert stats["rollout/dropped_groups"] == {0: 0, 1: 3, 2: 4, 5: 4}[max_resample]
+    assert rounds_seen == [(3, 1), (1, 2)][:max_resample]
+
+
+def test_constant_groups_and_join_groups():
+    rewards = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 0.9, -1.0, -1.0, -1.0, -1.0])
+    assert constant_groups(rewards, G).tolist() == [True, False, True]
+    narrow, wide = fake_group(1, width=1), fake_group(2, width=3)  # a one-token response beside a longer one
+    chunk = join_groups([narrow, wide])
+    assert chunk["prompt_ids"].shape == (2 * G, 3) and chunk["response_ids"].shape == (2 * G, 3)
+    assert chunk["prompt_mask"][:G].tolist() == [[0, 0, 1]] * G  # prompts left-padded
+    assert chunk["response_mask"][:G].tolist() == [[1, 0, 0]] * G  # responses right-padded
+    assert chunk["rewards"].tolist() == narrow["rewards"].tolist() + wide["rewards"].tolist()
+    assert chunk["answers"] == narrow["answers"] + wide["answers"]
+    again = split_groups(chunk, G)
+    assert [g["rewards"].tolist() for g in again] == [narrow["rewards"].tolist(), wide["rewards"].tolist()]
