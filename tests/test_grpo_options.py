@@ -13,7 +13,7 @@ import torch
 from rlinf_mini.config.schema_reasoning import REWARD_FUNC_NAMES
 from stages.dynamic_sampling import constant_groups, dynamic_sampling, join_groups, split_groups
 from stages.reasoning_reward import REWARD_FUNCS, overlong_reward, score_responses
-from stages.reasoning_train import compute_grpo_token_advantages, grpo_policy_loss
+from stages.reasoning_train import compute_grpo_token_advantages, grpo_policy_loss, loss_mask_of, truncated_responses
 
 G = 4
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.0])  # group 2 all equal
@@ -212,3 +212,41 @@ def test_constant_groups_and_join_groups():
     assert chunk["answers"] == narrow["answers"] + wide["answers"]
     again = split_groups(chunk, G)
     assert [g["rewards"].tolist() for g in again] == [narrow["rewards"].tolist(), wide["rewards"].tolist()]
+
+
+# --- algorithm.mask_truncated_completions (TRL's) ------------------------------------------------------------------
+
+EOS = 9
+# R = 4: ends with <eos>; cut at the limit; a one-token <eos>; a one-token response cut at a limit of 1 is not
+# possible beside R = 4, but a 4-token one whose last is <eos> is complete; padding (pad id 0) after <eos>
+TRUNC_IDS = torch.tensor([[3, 4, EOS, 0], [3, 4, 5, 6], [EOS, 0, 0, 0], [5, 6, 7, EOS], [2, 3, 4, 5], [4, 0, 0, 0]])
+TRUNC_LEN = [3, 4, 1, 4, 4, 1]  # the last: a one-token response that hit max_new_tokens 1 of its chunk
+TRUNC_MASK = torch.tensor([[1] * n + [0] * (4 - n) for n in TRUNC_LEN])
+
+
+def test_truncated_responses_are_those_without_eos():
+    assert truncated_responses(TRUNC_IDS, TRUNC_MASK, EOS).tolist() == [False, True, False, False, True, True]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_masked_truncated_completions_leave_the_loss(agg):
+    gen = torch.Generator().manual_seed(5)
+    old = torch.randn(6, 4, generator=gen) * 0.3 - 1.0
+    new = old + torch.randn(6, 4, generator=gen) * 0.4
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])[:, None] * TRUNC_MASK
+    mask = loss_mask_of(TRUNC_IDS, TRUNC_MASK, EOS, True)
+    assert mask.tolist() == [[1, 1, 1, 0], [0] * 4, [1, 0, 0, 0], [1, 1, 1, 1], [0] * 4, [0] * 4]
+    got, _ = grpo_policy_loss(new, old, adv, mask, algo("token", agg, c=3.0))
+    per_token = [[clipped(math.exp(float(new[i, t] - old[i, t])), float(adv[i, t]), 3.0) for t in range(n)]
+                 if i in (0, 2, 3) else [] for i, n in enumerate(TRUNC_LEN)]  # the complete responses' tokens only
+    if agg == "token-mean":  # the mean over the tokens left
+        want = sum(map(sum, per_token)) / sum(map(len, per_token))
+    elif agg == "seq-mean-token-sum":  # a masked response still counts as a response, with loss 0 (RLinf, TRL)
+        want = mean([sum(x) for x in per_token])
+    else:
+        want = mean([mean(x) if x else 0.0 for x in per_token])
+    assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert torch.equal(loss_mask_of(TRUNC_IDS, TRUNC_MASK, EOS, False), TRUNC_MASK.float())  # off: every token
+    only_truncated = mask[[1, 4]]  # a micro-batch of truncated responses only: no loss, no NaN
+    zero, _ = grpo_policy_loss(new[[1, 4]], old[[1, 4]], adv[[1, 4]], only_truncated, algo("token", agg))
+    assert float(zero) == 0.0
