@@ -174,6 +174,17 @@ def score_responses(texts: list[str], references: list[list[str]], lengths: torc
     return rewards, terms
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al. 2021's unbiased pass@k from n samples of which c are correct: 1 - C(n - c, k) / C(n, k), the
+    chance that k of the n drawn without replacement hold a correct one (as a product, no big binomials)."""
+    if n - c < k:
+        return 1.0
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
 def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
     """The text of each response [N, R], without <eos> and padding."""
     eos = tokenizer.eos_token_id

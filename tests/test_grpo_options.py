@@ -4,6 +4,7 @@ arXiv 2507.18071), with an all-equal group, a one-token response and padding amo
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 
@@ -12,7 +13,7 @@ import torch
 
 from rlinf_mini.config.schema_reasoning import REWARD_FUNC_NAMES
 from stages.dynamic_sampling import constant_groups, dynamic_sampling, join_groups, split_groups
-from stages.reasoning_reward import REWARD_FUNCS, overlong_reward, score_responses
+from stages.reasoning_reward import REWARD_FUNCS, overlong_reward, pass_at_k, score_responses
 from stages.reasoning_train import compute_grpo_token_advantages, grpo_policy_loss, loss_mask_of, truncated_responses
 
 G = 4
@@ -250,3 +251,26 @@ def test_masked_truncated_completions_leave_the_loss(agg):
     only_truncated = mask[[1, 4]]  # a micro-batch of truncated responses only: no loss, no NaN
     zero, _ = grpo_policy_loss(new[[1, 4]], old[[1, 4]], adv[[1, 4]], only_truncated, algo("token", agg))
     assert float(zero) == 0.0
+
+
+# --- eval/pass@k: Chen et al. 2021's unbiased estimator --------------------------------------------------------------
+
+def brute_force_pass_at_k(outcomes: list[bool], k: int) -> float:
+    """The share of the k-subsets of the n samples that hold a correct one (what the estimator is unbiased for)."""
+    subsets = list(itertools.combinations(range(len(outcomes)), k))
+    return sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_pass_at_k_against_every_subset(n):
+    for c in range(n + 1):
+        outcomes = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(outcomes, k), abs=1e-12), (n, c, k)
+            assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+    assert pass_at_k(n, 0, 1) == 0.0 and pass_at_k(n, n, 1) == 1.0  # none right; all right
+    assert pass_at_k(n, 1, 1) == pytest.approx(1 / n)  # pass@1 is the fraction correct
+
+
+def test_pass_at_k_with_many_samples_stays_finite():
+    assert 0.0 < pass_at_k(2000, 3, 100) < 1.0  # C(2000, 100) overflows a float; the product does not

@@ -29,6 +29,7 @@ from rlinf_mini.runners.base import Runner
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.worker import WorkerGroup
 from stages.dynamic_sampling import dynamic_sampling, join_groups, split_groups
+from stages.reasoning_reward import pass_at_k
 
 
 class ReasoningRunner(Runner):
@@ -104,11 +105,19 @@ class ReasoningRunner(Runner):
         return metrics, rounds, rewards
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy responses to every held-out prompt, split over the rollout ranks; exact match by the verifier."""
+        """Greedy responses to every held-out prompt, split over the rollout ranks; exact match by the verifier
+        (eval/accuracy), and with runner.val_pass_k, eval/pass@k from sampled ones."""
         chunk = self.chunk_prompts * self.cfg.algorithm.group_size
         per_rank = self.rollout.evaluate(self.val_set.prompt_ids, self.val_set.answers, chunk).wait()
         correct = sum(flat[1::2].count(1.0) for flat in per_rank)
-        return {"eval/accuracy": correct / len(self.val_set)}
+        out = {"eval/accuracy": correct / len(self.val_set)}
+        k = self.cfg.runner.val_pass_k
+        if k > 0:  # eval/pass@k: n samples per prompt, Chen et al.'s unbiased estimator, averaged over the prompts
+            n = self.cfg.runner.val_num_samples if self.cfg.runner.val_num_samples != -1 else k
+            per_rank = self.rollout.evaluate_samples(self.val_set.prompt_ids, self.val_set.answers, chunk, n).wait()
+            counts = [int(c) for flat in per_rank for c in flat[1::2]]
+            out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
+        return out
 
     def train_step(self) -> dict[str, float]:
         """One GRPO step: prompts in, rollout || reward || actor chunk by chunk; global_step counts the steps done."""
