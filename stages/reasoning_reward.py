@@ -28,6 +28,7 @@ from rlinf_mini.data.prompt_dataset import last_boxed  # the data's reference an
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
+from stages.math_verify_judge import close_pool, math_verify_equal
 
 MAX_DIGITS = 200
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?(?:/[0-9]+)?|-?\.[0-9]+")
@@ -86,32 +87,6 @@ def answers_equal(prediction: str, reference: str) -> bool:
     if a is not None and b is not None:
         return a == b
     return bool(_normalize(prediction)) and _normalize(prediction) == _normalize(reference)
-
-
-MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, for parsing and for comparing
-
-
-def math_verify_equal(response: str, references: list[str], timeout_s: int = MATH_VERIFY_TIMEOUT_S) -> bool:
-    """HF math-verify's verdict: parse the response and each reference (LaTeX, \boxed{}, units, sets, ...) and compare
-    them symbolically. A parse or comparison that runs past timeout_s, or fails, is False, never a hang or a raise:
-    in the main thread math-verify's own SIGALRM timeout stops it; elsewhere (signals need the main thread) the call
-    runs in a daemon thread that is abandoned after timeout_s."""
-    import threading
-
-    from math_verify import parse, verify  # the [math] extra: pip install -e ".[math]"
-
-    def judge(timeout: int | None) -> bool:
-        answer = parse(response, parsing_timeout=timeout)
-        return any(verify(parse(ref if "$" in ref or "\\" in ref else f"${ref}$", parsing_timeout=timeout), answer,
-                          timeout_seconds=timeout) for ref in references)
-
-    if threading.current_thread() is threading.main_thread():
-        return judge(timeout_s)
-    verdict: list[bool] = []
-    worker = threading.Thread(target=lambda: verdict.append(judge(None)), daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    return bool(verdict and verdict[0])
 
 
 def is_correct(response: str, references: list[str], verifier: str = "rule") -> bool:
@@ -221,3 +196,6 @@ class ReasoningRewardWorker(Worker):
             for name, values in terms.items():
                 sums[f"reward_sum/{name}"] = sums.get(f"reward_sum/{name}", 0.0) + float(values.sum())
         return sums | {"time/reward/compute": time.monotonic() - start}
+
+    def close(self) -> None:
+        close_pool()  # math-verify's timeout process, when an inline rank (a thread) started one
