@@ -274,3 +274,29 @@ def test_pass_at_k_against_every_subset(n):
 
 def test_pass_at_k_with_many_samples_stays_finite():
     assert 0.0 < pass_at_k(2000, 3, 100) < 1.0  # C(2000, 100) overflows a float; the product does not
+
+
+# --- bad values: one line naming the key ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override,key", [
+    ("algorithm.len_reward_penalty=-0.1", "algorithm.len_reward_penalty"),
+    ("algorithm.max_length=4", "algorithm.max_length"),  # not above safe_length (16384)
+    ("algorithm.safe_length=-1", "algorithm.safe_length"),
+    ("algorithm.max_resample=-2", "algorithm.max_resample"),
+    ("reward.reward_funcs=[]", "reward.reward_funcs"),
+    ("reward.reward_funcs=[accuracy,lenght]", "reward.reward_funcs[1]"),
+    ("reward.reward_weights=[1.0,0.5]", "reward.reward_weights"),  # two weights, one function
+    ("runner.val_pass_k=-1", "runner.val_pass_k"),
+    ("runner.val_num_samples=2", "runner.val_num_samples"),  # with val_pass_k 4 below
+])
+def test_bad_values_name_their_key(override, key, tmp_path):
+    from conftest import ROOT
+
+    from rlinf_mini.config import ConfigError, load_config
+
+    extra = ["runner.val_pass_k=4"] if key == "runner.val_num_samples" else []
+    with pytest.raises(ConfigError) as error:
+        load_config(["--config", str(ROOT / "configs/math.yaml"), override, *extra,
+                     f"runner.logger.log_path={tmp_path}"])
+    message = str(error.value)
+    assert f"{key}:" in message and "\n" not in message, message
