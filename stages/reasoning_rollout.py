@@ -41,8 +41,10 @@ from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import Worker
 from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.seeding import counter_uniform
-from stages.reasoning_reward import decode_responses, math_reward
+from stages.reasoning_reward import decode_responses, is_correct, math_reward
 from stages.sync import WeightBufferHandle, WeightReceiver
+
+EVAL_SAMPLE_IDS = 1 << 50  # eval's sampled responses draw their noise from streams training never reaches
 
 
 def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,7 +275,27 @@ class ReasoningRolloutWorker(Worker):
             result = self._generate([prompt_ids[i] for i in idx], torch.tensor(idx), greedy=True)
             texts = decode_responses(self.tokenizer, result["response_ids"], result["response_mask"])
             for i, text in zip(idx, texts, strict=True):
-                out += [float(i), float(math_reward(text, answers[i], 1.0, 0.0))]
+                out += [float(i), float(math_reward(text, answers[i], 1.0, 0.0, self.cfg.reward.verifier))]
+        return out
+
+    def evaluate_samples(self, prompt_ids: list[list[int]], answers: list[list[str]], chunk_size: int,
+                         num_samples: int) -> list[float]:
+        """num_samples sampled responses (the training sampling params) to each of this rank's prompts (i % W ==
+        rank), scored by the verifier; returns [(index, correct count)] flattened as floats. The noise of sample j
+        of prompt i is stream EVAL_SAMPLE_IDS + i * num_samples + j: the same at every eval, apart from training's."""
+        out = []
+        mine = list(range(self._rank, len(prompt_ids), self._world_size))
+        per_call = max(1, chunk_size // num_samples)  # prompts per generate call
+        for s in range(0, len(mine), per_call):
+            idx = mine[s:s + per_call]
+            prompts = [prompt_ids[i] for i in idx for _ in range(num_samples)]  # each prompt n times, consecutive
+            ids = torch.tensor([EVAL_SAMPLE_IDS + i * num_samples + j for i in idx for j in range(num_samples)])
+            result = self._generate(prompts, ids, greedy=False)
+            texts = decode_responses(self.tokenizer, result["response_ids"], result["response_mask"])
+            for k, i in enumerate(idx):
+                correct = sum(is_correct(t, answers[i], self.cfg.reward.verifier)
+                              for t in texts[k * num_samples:(k + 1) * num_samples])
+                out += [float(i), float(correct)]
         return out
 
     def close(self) -> None:

@@ -7,7 +7,8 @@ Actor rank a takes a contiguous block of the chunks, in chunk order (whatever or
 them: prompt_ids [N, P] left-padded, response_ids / response_mask / logprobs [N, R] right-padded, rewards [N].
     advantages [N, R] = (r - mean_G(r)) / (std_G(r) + 1e-6) on every response token      (std unbiased, as RLinf)
     old_logprobs      = the actor's own recomputation if algorithm.recompute_logprobs, else the rollout's
-    loss = loss_agg_func(clipped PPO token loss) + kl_beta * loss_agg_func(kl(logprobs, ref_logprobs))
+    loss = loss_agg_func(clipped PPO token loss) + kl_beta * loss_agg_func(kl(logprobs, ref_logprobs)), over the
+           loss mask: the response tokens, less a truncated response's with algorithm.mask_truncated_completions
 Log-probs come from one forward over prompt + response (attention_mask and position ids as in the rollout) with
 logits only for the response positions: log_softmax(logits / temperature) at the response tokens.
 
@@ -56,6 +57,23 @@ def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, respo
     return per_response.unsqueeze(-1) * mask  # [n, R]
 
 
+def truncated_responses(response_ids: torch.Tensor, response_mask: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """[N] bool: the response stopped without <eos> (generation ends at <eos> or at max_new_tokens, so a last
+    token that is not <eos> means it was cut at the length limit)."""
+    last = (response_mask.sum(dim=-1) - 1).clamp(min=0).long()  # [N] index of each response's last token
+    return response_ids.gather(-1, last[:, None]).squeeze(-1) != eos_id
+
+
+def loss_mask_of(response_ids: torch.Tensor, response_mask: torch.Tensor, eos_id: int,
+                 mask_truncated_completions: bool) -> torch.Tensor:
+    """The tokens that count in the loss [N, R]: the response's, less a truncated response's when
+    algorithm.mask_truncated_completions (TRL's)."""
+    mask = response_mask.float()
+    if mask_truncated_completions:
+        mask = mask * (~truncated_responses(response_ids, response_mask, eos_id)).float()[:, None]
+    return mask
+
+
 def token_weights(response_mask: torch.Tensor, loss_agg_func: str) -> torch.Tensor:
     """[N, R] weights w such that sum(loss * w) / sum(w) is the loss_agg_func of a token loss [N, R]."""
     mask = response_mask.float()
@@ -65,10 +83,12 @@ def token_weights(response_mask: torch.Tensor, loss_agg_func: str) -> torch.Tens
 
 
 def agg_scale(response_mask: torch.Tensor, loss_agg_func: str) -> float:
-    """seq-mean-token-sum = token-mean x (tokens / responses); the others need no rescaling."""
-    if loss_agg_func == "seq-mean-token-sum":
-        return float(response_mask.sum()) / response_mask.shape[0]
-    return 1.0
+    """The factor that turns the token_weights-weighted mean into loss_agg_func: 1 for token-mean; for the seq-mean
+    forms sum(w) / responses, so that every response of the batch counts in the mean over responses, one with no
+    token in the loss (mask_truncated_completions) as a zero, as RLinf's seq_mean_token_sum and TRL do."""
+    if loss_agg_func == "token-mean":
+        return 1.0
+    return float(token_weights(response_mask, loss_agg_func).sum()) / response_mask.shape[0]
 
 
 def compute_response_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -161,6 +181,10 @@ class ReasoningActorWorker(ActorCore):
             perm = torch.randperm(len(b["rewards"]), generator=torch.Generator().manual_seed(cfg.seed + global_step))
             b["rewards"] = b["rewards"][perm.to(self.device)]
         mask = b["response_mask"].float()  # [N, R]
+        # advantages from every response's reward (a truncated one's too, as TRL); the loss mask may then drop some
+        b["loss_mask"] = loss_mask_of(b["response_ids"], b["response_mask"], self.tokenizer.eos_token_id,
+                                      algo.mask_truncated_completions)  # [N, R]
+        truncated = truncated_responses(b["response_ids"], b["response_mask"], self.tokenizer.eos_token_id)  # [N]
         b["advantages"] = compute_grpo_token_advantages(b["rewards"], mask, algo.group_size, algo.scale_rewards)
         n = len(b["rewards"])
         everything = torch.arange(n)
@@ -178,8 +202,8 @@ class ReasoningActorWorker(ActorCore):
                                      world_size=self._world_size, average_gradients=self._average_gradients,
                                      step_is_finite=self._step_is_finite, lr_scheduler=self.lr_scheduler)
         self.model.eval()
-        sums = self.all_reduce(torch.tensor([float(b["rewards"].sum()), float(n), float(mask.sum())],
-                                            device=self.device))
+        sums = self.all_reduce(torch.tensor([float(b["rewards"].sum()), float(n), float(mask.sum()),
+                                             float(truncated.sum())], device=self.device))
         out = {f"train/{k}": v for k, v in sorted(means.items())}
         result = self.all_reduce(torch.tensor(list(out.values()), device=self.device)) / self._world_size
         out = dict(zip(out, result.tolist(), strict=True))
@@ -187,12 +211,13 @@ class ReasoningActorWorker(ActorCore):
             out["train/skipped_steps"] = float(skipped)
         out |= {"rollout/rewards": float(sums[0] / sums[1]), "rollout/response_length": float(sums[2] / sums[1]),
                 "rollout/staleness": float(global_step - b["versions"].mean()),
+                "rollout/truncated_fraction": float(sums[3] / sums[1]),
                 "time/actor/train": time.monotonic() - start}
         return out
 
     def _micro_batch_loss(self, b: dict, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         algo = self.cfg.algorithm
-        mask = b["response_mask"][idx]  # [n, R]
+        mask = b["loss_mask"][idx]  # [n, R]: the response tokens that count (the forward attends to all of them)
         logprobs = self._logprobs(self.model, b, idx)  # [n, R]
         loss, metrics = grpo_policy_loss(logprobs, b["logprobs"][idx], b["advantages"][idx], mask, algo)
         w, scale = token_weights(mask, algo.loss_agg_func), agg_scale(mask, algo.loss_agg_func)

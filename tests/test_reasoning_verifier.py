@@ -1,13 +1,17 @@
 """The math verifier: answer extraction and equality on hand-written cases, including malformed and adversarial
-answers, each of which must score (min or max) without raising."""
+answers, each of which must score (min or max) without raising; and reward.verifier math_verify (skipped without the
+[math] extra) on fractions, LaTeX, equivalent forms, units, and a pathological answer that must time out."""
 
 from __future__ import annotations
 
+import threading
+import time
 from fractions import Fraction
 
 import pytest
 
-from stages.reasoning_reward import answers_equal, extract_answer, last_boxed, math_reward, parse_number
+from stages.math_verify_judge import close_pool, math_verify_equal
+from stages.reasoning_reward import answers_equal, extract_answer, is_correct, last_boxed, math_reward, parse_number
 
 EXTRACT = [
     ("82", "82"),
@@ -74,3 +78,52 @@ def test_rewards_are_rlinf_plus_minus_values():
     assert math_reward("", ["82"], 1.0, 0.0) == 0.0
     assert math_reward("0.5", ["3", "1/2"]) == 1.0  # any accepted reference
     assert last_boxed("\\fbox{7}") == "7"
+
+
+# --- reward.verifier: math_verify (HF's math-verify, the [math] extra) ---------------------------------------------
+
+MATH_VERIFY = [
+    ("\\boxed{\\frac{1}{2}}", ["0.5"], True), ("\\boxed{\\frac12}", ["1/2"], True),  # fractions
+    ("so $x = \\dfrac{3}{4}$", ["0.75"], True), ("\\boxed{\\frac{2}{3}}", ["0.6667"], False),
+    ("\\boxed{\\sqrt{2}/2}", ["\\frac{1}{\\sqrt{2}}"], True),  # LaTeX, equal after simplifying
+    ("\\boxed{(x+1)^2}", ["x^2+2x+1"], True), ("\\boxed{x^2+1}", ["x^2+2x+1"], False),  # equivalent forms
+    ("\\boxed{5\\text{ cm}}", ["5"], True), ("\\boxed{3 \\text{ meters}}", ["3"], True),  # units
+    ("The answer is $\\boxed{52}$", ["052"], True), ("\\boxed{51}", ["52"], False),
+    ("no answer here", ["52"], False), ("", ["52"], False),
+]
+
+
+@pytest.mark.parametrize("text,refs,want", MATH_VERIFY)
+def test_math_verify_cases(text, refs, want):
+    pytest.importorskip("math_verify")
+    assert is_correct(text, refs, "math_verify") is want
+    assert math_reward(text, refs, 1.0, -1.0, "math_verify") == (1.0 if want else -1.0)
+
+
+PATHOLOGICAL = "\\boxed{9^{9^{9^{9^{9}}}}}"  # a tower sympy would evaluate for ever
+
+
+def test_math_verify_times_out_on_a_pathological_answer_in_the_main_thread():
+    pytest.importorskip("math_verify")
+    start = time.monotonic()
+    assert math_verify_equal(PATHOLOGICAL, ["1"], timeout_s=1) is False
+    assert time.monotonic() - start < 10
+
+
+def test_math_verify_times_out_in_a_worker_thread_too():
+    # an inline-backend rank is a thread: no SIGALRM there, so the call runs in a process that is killed at the bound
+    pytest.importorskip("math_verify")
+    got, seconds = [], []
+
+    def call():
+        math_verify_equal("\\boxed{1/2}", ["0.5"], timeout_s=1)  # the pool's process starts (once)
+        start = time.monotonic()
+        got.append(math_verify_equal(PATHOLOGICAL, ["1"], timeout_s=1))
+        seconds.append(time.monotonic() - start)
+        got.append(math_verify_equal("\\boxed{1/2}", ["0.5"], timeout_s=1))  # a fresh process after the kill
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(90)
+    close_pool()  # no process outlives a test
+    assert not thread.is_alive() and got == [False, True] and seconds[0] < 10

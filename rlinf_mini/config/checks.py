@@ -1,12 +1,14 @@
 """The config's checks, before any worker starts: each section's values (embodied and reasoning) and the batch
 arithmetic over the ranks, each failure one line naming the key (a ConfigError)."""
 
+import importlib.util
 import json
 import math
 from pathlib import Path
 
 from rlinf_mini.config.schema import PRECISIONS, ConfigError, TrainConfig
 from rlinf_mini.config.schema_embodied import EnvSplitConfig
+from rlinf_mini.config.schema_reasoning import REWARD_FUNC_NAMES
 
 
 def check_lr_schedule(cfg: TrainConfig, source: str) -> None:
@@ -281,6 +283,34 @@ def validate_reasoning_config(cfg: TrainConfig, source: str) -> None:
         fail("algorithm.sampling_params.top_p", f"must be in (0, 1], got {sampling.top_p}")
     if algo.kl_beta < 0:
         fail("algorithm.kl_beta", f"must be >= 0, got {algo.kl_beta}")
+    if algo.len_reward_penalty < 0:
+        fail("algorithm.len_reward_penalty", f"must be >= 0 (0: no length penalty), got {algo.len_reward_penalty}")
+    if algo.safe_length < 0:
+        fail("algorithm.safe_length", f"must be >= 0, got {algo.safe_length}")
+    if algo.max_length <= algo.safe_length:
+        fail("algorithm.max_length", f"must exceed algorithm.safe_length={algo.safe_length} (the penalty ramps "
+                                     f"between them), got {algo.max_length}")
+    if algo.max_resample < 0:
+        fail("algorithm.max_resample", f"must be >= 0 (0: no dynamic sampling), got {algo.max_resample}")
+    if cfg.runner.val_pass_k < 0:
+        fail("runner.val_pass_k", f"must be >= 0 (0: no pass@k), got {cfg.runner.val_pass_k}")
+    n_samples = cfg.runner.val_num_samples
+    if cfg.runner.val_pass_k > 0 and n_samples != -1 and n_samples < cfg.runner.val_pass_k:
+        fail("runner.val_num_samples", f"pass@k needs n >= k=runner.val_pass_k={cfg.runner.val_pass_k} samples per "
+                                       f"prompt (-1: n = k), got {n_samples}")
+    r = cfg.reward
+    if not r.reward_funcs:
+        fail("reward.reward_funcs", "is empty; name at least one (e.g. [accuracy])")
+    for i, name in enumerate(r.reward_funcs):
+        if name not in REWARD_FUNC_NAMES:
+            fail(f"reward.reward_funcs[{i}]", f"unknown {name!r} (known: {', '.join(REWARD_FUNC_NAMES)})")
+    if r.reward_weights and len(r.reward_weights) != len(r.reward_funcs):
+        fail("reward.reward_weights", f"{len(r.reward_weights)} weights for {len(r.reward_funcs)} reward_funcs "
+                                      f"{r.reward_funcs} (empty: all 1)")
+    if r.verifier not in ("rule", "math_verify"):
+        fail("reward.verifier", f"must be 'rule' or 'math_verify', got {r.verifier!r}")
+    if r.verifier == "math_verify" and importlib.util.find_spec("math_verify") is None:
+        fail("reward.verifier", "'math_verify' needs HF's math-verify: pip install -e \".[math]\"")
     if cfg.reward.use_reward_model:
         fail("reward.use_reward_model", "only rule-based rewards exist in rlinf_mini")
     if cfg.reward.reward_scale <= 0:

@@ -86,6 +86,13 @@ class RunnerConfig:
     seq_length: int = 32
     """Reasoning: prompt + response tokens at most; algorithm.sampling_params.max_new_tokens defaults to
     seq_length - data.max_prompt_length."""
+    val_pass_k: int = 0
+    """Reasoning (0 = off): also sample val_num_samples responses per held-out prompt (the training sampling
+    params) and log eval/pass@<k>, Chen et al. 2021's unbiased estimator 1 - C(n - c, k) / C(n, k) averaged over the
+    prompts (c of the n samples correct), beside the greedy eval/accuracy (pass@1 of the argmax)."""
+    val_num_samples: int = -1
+    """Reasoning: n, the samples per held-out prompt for eval/pass@k (veRL's val_kwargs.n); -1 = val_pass_k; must be
+    >= val_pass_k (a larger n lowers the estimate's variance)."""
     trace: bool = True
     """rlinf_mini: record a timeline of every worker; writes trace.json and timeline.png into the run folder and
     logs time/trace/{busy,idle,bubble}/* each step (overhead measured by `python -m benchmarks`)."""
@@ -172,6 +179,25 @@ class AlgorithmConfig:
     """Reasoning (TRL's name; not in RLinf): the PPO ratio per token ('token', GRPO), or one ratio per response,
     exp(mean over its tokens of log(pi / pi_old)), clipped as a whole ('sequence': GSPO,
     https://arxiv.org/abs/2507.18071); either way aggregated by loss_agg_func."""
+    len_reward_penalty: float = 0.0
+    """Reasoning, DAPO's overlong reward shaping (RLinf's key, documented in its dapo.rst, example 0.1; 0 = off):
+    the reward of a response of L tokens gains -len_reward_penalty x clip((L - safe_length) / (max_length -
+    safe_length), 0, 1), after reward_scale (with 1, DAPO's eq. 13: L_max = max_length, L_cache = max_length -
+    safe_length). L counts the response's tokens, <eos> included."""
+    safe_length: int = 16384
+    """Reasoning, DAPO: responses up to this many tokens get no length penalty (RLinf's dapo.rst value)."""
+    max_length: int = 20480
+    """Reasoning, DAPO: the length penalty reaches -len_reward_penalty here and stays there beyond (RLinf's dapo.rst
+    value; must exceed safe_length)."""
+    max_resample: int = 0
+    """Reasoning, DAPO's dynamic sampling (RLinf's key, documented in its dapo.rst, example 5; 0 = off): a group whose
+    rewards are all equal has zero advantage; it is dropped and its slot refilled with a group for the loader's next
+    prompt, for up to this many rounds of regeneration a step; groups still all equal after the last round are kept
+    (DAPO's paper keeps sampling; veRL's max_num_gen_batches raises instead). Logged: rollout/dropped_groups,
+    rollout/resample_rounds, rollout/constant_groups_kept."""
+    mask_truncated_completions: bool = False
+    """Reasoning (TRL's name; not in RLinf): responses that reach max_new_tokens without <eos> get no loss (their
+    tokens leave the loss mask), though their rewards still count in their group's mean and std, as TRL does."""
 
 
 @dataclass

@@ -6,6 +6,8 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
+REWARD_FUNC_NAMES = ("accuracy", "format")  # stages/reasoning_reward.py REWARD_FUNCS, in this order (a test checks)
+
 
 @dataclass
 class ReasoningSamplingParams:
@@ -86,6 +88,18 @@ class RewardConfig:
     """Reward of a correct answer (before reward_scale)."""
     reward_min_val: float = -1.0
     """Reward of a wrong or missing answer (before reward_scale)."""
+    reward_funcs: list[str] = field(default_factory=lambda: ["accuracy"])
+    """Reasoning (TRL's name; RLinf has one reward): the built-in reward functions summed into the reward
+    (stages/reasoning_reward.py REWARD_FUNCS): 'accuracy' (reward_max_val if the verifier accepts the answer, else
+    reward_min_val) and 'format' (1 if the answer is stated in a final form, else 0). Each is logged as reward/<name>
+    (its unweighted mean)."""
+    reward_weights: list[float] = field(default_factory=list)
+    """Reasoning (TRL's name): the weight of each of reward_funcs, reward = reward_scale x sum_i w_i f_i; empty = all
+    1 (TRL's None)."""
+    verifier: Literal["rule", "math_verify"] = "rule"
+    """How 'accuracy' (and eval) judge an answer: 'rule', the built-in extraction and exact-fraction comparison, or
+    'math_verify', HF's math-verify (LaTeX, units, symbolic equality; the [math] extra), each call bounded by a 5 s
+    timeout (a timeout scores as wrong)."""
     permute_rewards: bool = False
     """rlinf_mini: a control experiment: the actor shuffles the rewards within each step's batch (seeded), so they
     carry no information about the responses; a run that still improves learns from something else."""

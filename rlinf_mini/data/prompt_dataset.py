@@ -134,11 +134,13 @@ class PromptLoader:
             return torch.arange(self.size)
         return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
 
-    def next_batch(self) -> list[int]:
-        if self.position + self.batch_size > self.size:  # drop_last: the next epoch starts
+    def next_batch(self, n: int | None = None) -> list[int]:
+        """The next batch_size indices (or n: dynamic sampling's refills); an epoch's tail too short is skipped."""
+        n = self.batch_size if n is None else n
+        if self.position + n > self.size:  # drop_last: the next epoch starts
             self.epoch, self.position = self.epoch + 1, 0
-        batch = self._order(self.epoch)[self.position : self.position + self.batch_size]
-        self.position += self.batch_size
+        batch = self._order(self.epoch)[self.position : self.position + n]
+        self.position += n
         return batch.tolist()
 
     def state_dict(self) -> dict[str, int]:

@@ -1,11 +1,14 @@
 """ReasoningRunner: the reasoning half's GRPO step on the same runtime as the embodied one; the loop around it is
-runners/base.py. It carries no data beyond the prompts it puts: rollout, reward and actor talk over channels.
+runners/base.py. It carries no data beyond the prompts it puts (but under dynamic sampling): rollout, reward and
+actor talk over channels.
 
 One step (RLinf's timer names):
     prepare_data     the loader's next rollout_batch_size prompts -> dataloader channel, in chunks
     sync_weights     actor rank 0 -> every rollout rank (stages/sync.py)
     rollout || reward || actor.run_training   chunk by chunk: a chunk is scored while the next one is generated,
                      and the actor trains once it holds its share
+With algorithm.max_resample > 0 (DAPO's dynamic sampling, stages/dynamic_sampling.py) the scored groups come to the
+driver instead, which drops those whose rewards are all equal and refills them before the actor trains;
 then, every val_check_interval steps, greedy exact match on the held-out prompts (eval/accuracy), and every
 save_interval steps an atomic checkpoint (actor weights and optimizer, rng.pt, the loader's position, the step).
 With runner.trace, every worker records its spans (rollout: generate per chunk, reward: score per chunk, actor:
@@ -25,6 +28,8 @@ from rlinf_mini.data.prompt_dataset import PromptDataset, PromptLoader
 from rlinf_mini.runners.base import Runner
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.worker import WorkerGroup
+from stages.dynamic_sampling import dynamic_sampling, join_groups, split_groups
+from stages.reasoning_reward import pass_at_k
 
 
 class ReasoningRunner(Runner):
@@ -39,6 +44,7 @@ class ReasoningRunner(Runner):
         self.dataloader_channel = Channel.create("DataLoader", cluster, maxsize=1)
         self.rollout_channel = Channel.create(f"{cfg.rollout.group_name}.Rollout", cluster, maxsize=1)
         self.reward_channel = Channel.create(f"{cfg.reward.group_name}.Reward", cluster, maxsize=1)
+        self.scored_channel = Channel.create(f"{cfg.reward.group_name}.Scored", cluster, maxsize=1)  # to the driver
         d = cfg.data
         self.loader = PromptLoader(len(train_set), d.rollout_batch_size, d.shuffle, d.seed)
         self.chunk_prompts = cfg.algorithm.rollout_batch_size_per_gpu
@@ -52,23 +58,66 @@ class ReasoningRunner(Runner):
         self.actor.init_worker().wait()
         self._trace_and_resume()
 
-    def _put_batch(self, indices: list[int]) -> None:
-        """Cut the step's prompts into chunks; chunk c's responses have global sample ids from first_sample_id."""
-        per_step = self.cfg.data.rollout_batch_size * self.cfg.algorithm.group_size
-        for c in range(self.num_chunks):
+    def _put_batch(self, indices: list[int], round_: int = 0) -> int:
+        """Cut prompts into chunks (the last may be short); returns how many. Chunk c's responses have global sample
+        ids from first_sample_id; dynamic sampling's round k >= 1 draws its ids from a space of its own (k << 40)."""
+        group = self.cfg.algorithm.group_size
+        per_step = self.cfg.data.rollout_batch_size * group
+        num_chunks = -(-len(indices) // self.chunk_prompts)
+        for c in range(num_chunks):
             idx = indices[c * self.chunk_prompts:(c + 1) * self.chunk_prompts]
             self.dataloader_channel.put({
                 "prompt_ids": [self.train_set.prompt_ids[i] for i in idx],
                 "answers": [self.train_set.answers[i] for i in idx],
-                "first_sample_id": self.global_step * per_step + c * self.chunk_prompts * self.cfg.algorithm.group_size,
+                "first_sample_id": (round_ << 40) + self.global_step * per_step + c * self.chunk_prompts * group,
             }, key=("prompts", c))
+        return num_chunks
+
+    def _sample_round(self, indices: list[int], round_: int) -> tuple[list[dict], list[dict], list[dict]]:
+        """Generate and score responses to `indices` and bring them to the driver (dynamic sampling looks at them):
+        (scored chunks, rollout metrics per rank, reward metrics per rank)."""
+        k = self._put_batch(indices, round_)
+        rollout_run = self.rollout.rollout(self.dataloader_channel, self.rollout_channel, k)
+        reward_run = self.reward.compute_rewards(self.rollout_channel, self.scored_channel, k)
+        scored = [self.scored_channel.get(key=("reward", c), expected_from=f"{self.cfg.reward.group_name} rank "
+                                                                          f"{c % self.reward.world_size}")
+                  for c in range(k)]
+        return scored, rollout_run.wait(), reward_run.wait()
+
+    def _dynamic_sampling_step(self) -> tuple[dict[str, float], list[list[dict]], list[dict]]:
+        """Sample, drop the groups whose rewards are all equal, refill from the loader's next prompts (at most
+        algorithm.max_resample rounds), and put the step's chunks for the actor."""
+        G = self.cfg.algorithm.group_size
+        scored, rollout_metrics, reward_metrics = self._sample_round(self.loader.next_batch(), 0)
+        rounds, rewards = [rollout_metrics], list(reward_metrics)
+
+        def sample(n: int, round_: int) -> list[dict]:
+            more, rollout_m, reward_m = self._sample_round(self.loader.next_batch(n), round_)
+            rounds.append(rollout_m)
+            rewards.extend(reward_m)
+            return [g for chunk in more for g in split_groups(chunk, G)]
+
+        groups, metrics = dynamic_sampling([g for chunk in scored for g in split_groups(chunk, G)], sample, G,
+                                           self.cfg.algorithm.max_resample)
+        for c in range(self.num_chunks):
+            chunk = join_groups(groups[c * self.chunk_prompts:(c + 1) * self.chunk_prompts])
+            self.reward_channel.put(chunk, key=("reward", c))
+        return metrics, rounds, rewards
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy responses to every held-out prompt, split over the rollout ranks; exact match by the verifier."""
+        """Greedy responses to every held-out prompt, split over the rollout ranks; exact match by the verifier
+        (eval/accuracy), and with runner.val_pass_k, eval/pass@k from sampled ones."""
         chunk = self.chunk_prompts * self.cfg.algorithm.group_size
         per_rank = self.rollout.evaluate(self.val_set.prompt_ids, self.val_set.answers, chunk).wait()
         correct = sum(flat[1::2].count(1.0) for flat in per_rank)
-        return {"eval/accuracy": correct / len(self.val_set)}
+        out = {"eval/accuracy": correct / len(self.val_set)}
+        k = self.cfg.runner.val_pass_k
+        if k > 0:  # eval/pass@k: n samples per prompt, Chen et al.'s unbiased estimator, averaged over the prompts
+            n = self.cfg.runner.val_num_samples if self.cfg.runner.val_num_samples != -1 else k
+            per_rank = self.rollout.evaluate_samples(self.val_set.prompt_ids, self.val_set.answers, chunk, n).wait()
+            counts = [int(c) for flat in per_rank for c in flat[1::2]]
+            out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
+        return out
 
     def train_step(self) -> dict[str, float]:
         """One GRPO step: prompts in, rollout || reward || actor chunk by chunk; global_step counts the steps done."""
@@ -76,22 +125,35 @@ class ReasoningRunner(Runner):
         metrics: dict[str, float] = {}
         with self.timer("step"):
             with self.timer("prepare_data"):
-                self._put_batch(self.loader.next_batch())
+                if self.cfg.algorithm.max_resample == 0:  # (dynamic sampling puts each round's prompts itself)
+                    self._put_batch(self.loader.next_batch())
             with self.timer("sync_weights"):
                 if self.global_step % self.cfg.runner.weight_sync_interval == 0:
                     metrics |= self.update_rollout_weights()
             with self.timer("generate_and_train"):
-                rollout_run = self.rollout.rollout(self.dataloader_channel, self.rollout_channel, self.num_chunks)
-                reward_run = self.reward.compute_rewards(self.rollout_channel, self.reward_channel, self.num_chunks)
-                actor_run = self.actor.run_training(self.reward_channel, self.num_chunks, self.global_step,
-                                                    self.reward.world_size)
-                metrics |= actor_run.wait()[0]
-                rollout_metrics, reward_metrics = rollout_run.wait(), reward_run.wait()
+                if self.cfg.algorithm.max_resample > 0:  # the scored groups pass through the driver, to be filtered
+                    ds_metrics, rollout_rounds, reward_metrics = self._dynamic_sampling_step()
+                    metrics |= ds_metrics
+                    metrics |= self.actor.run_training(self.reward_channel, self.num_chunks, self.global_step,
+                                                       self.reward.world_size).wait()[0]
+                else:  # rollout || reward || actor, chunk by chunk
+                    rollout_run = self.rollout.rollout(self.dataloader_channel, self.rollout_channel,
+                                                       self.num_chunks)
+                    reward_run = self.reward.compute_rewards(self.rollout_channel, self.reward_channel,
+                                                             self.num_chunks)
+                    actor_run = self.actor.run_training(self.reward_channel, self.num_chunks, self.global_step,
+                                                        self.reward.world_size)
+                    metrics |= actor_run.wait()[0]
+                    rollout_rounds, reward_metrics = [rollout_run.wait()], reward_run.wait()
         n = sum(m["reward/count"] for m in reward_metrics)
         metrics["rollout/accuracy"] = sum(m["reward/correct"] for m in reward_metrics) / n
-        metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens"] for m in rollout_metrics) / max(
-            max(m["time/rollout/generate"] for m in rollout_metrics), 1e-9)
-        metrics["time/rollout"] = max(m["time/rollout/generate"] for m in rollout_metrics)
+        for key in sorted({k for m in reward_metrics for k in m if k.startswith("reward_sum/")}):
+            name = key.removeprefix("reward_sum/")  # each reward function's unweighted mean, and the overlong term
+            metrics[f"reward/{name}"] = sum(m.get(key, 0.0) for m in reward_metrics) / n
+        generate_s = sum(max(m["time/rollout/generate"] for m in ranks) for ranks in rollout_rounds)
+        metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens"] for ranks in rollout_rounds for m in ranks) / max(
+            generate_s, 1e-9)
+        metrics["time/rollout"] = generate_s
         metrics["time/reward"] = max(m["time/reward/compute"] for m in reward_metrics)
         self.global_step += 1
         return metrics | self.timings
