@@ -72,6 +72,7 @@ RECIPES = [
            why_not="ManiSkill3 needs mani_skill and a render device (Vulkan, or EGL on a GPU); this machine has "
                    "neither a GPU nor the package"),
     Recipe("metaworld_reach", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
+    Recipe("metaworld_push", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
     Recipe("math"),
     Recipe("math_kl"),
     Recipe("math_dapo"),
