@@ -442,6 +442,25 @@ def assert_one_line_error(capsys, argv: list[str], must_name: str, log_path: Pat
     return err
 
 
+def test_only_config_errors_are_one_line_other_errors_keep_their_traceback(tmp_path, capsys, monkeypatch):
+    """A model folder that does not fit is a config error: one line, exit 2. A ValueError no config check raised
+    (here planted in the env spec, standing for a bug) is not worded as one: main lets it through, traceback and all."""
+    import rlinf_mini.envs
+
+    path = write_config(tmp_path)
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(capsys, ["--config", str(path), "--actor.model.model-path", str(tmp_path / "empty")],
+                          "actor.model.model_path", tmp_path / "results")
+
+    def bug(*args, **kwargs):
+        raise ValueError("a bug, not a config error")
+
+    monkeypatch.setattr(rlinf_mini.envs, "get_env_spec", bug)
+    with pytest.raises(ValueError, match="a bug, not a config error"):
+        main(["--config", str(path)])
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("case", list(BAD_YAML))
 def test_bad_yaml_is_one_line_naming_the_key(tmp_path, capsys, case):
     sections, must_name = BAD_YAML[case]
