@@ -200,18 +200,15 @@ def test_shipped_config_round_trips_and_is_valid(tmp_path, config, in_users_chec
             module = "mujoco"
     if module and importlib.util.find_spec(module) is None:
         pytest.skip(f"{config.name}: {module} is not installed")
-    # the run folder and the model folder RunPlan creates: here, not in the user's checkout (cwd), whose results/
+    # the run folder and the model folder RunPlan checks: here, not in the user's checkout (cwd), whose results/
     # holds their runs of every shipped config
     cfg.runner.logger.log_path = str(tmp_path / "results")
     if cfg.actor.model.model_type == "tiny_vla":
         cfg.actor.model.model_path = str(tmp_path / "tiny_vla")
-    if cfg.runner.task_type == "reasoning":  # placement and batch arithmetic (ReasoningRunPlan would make the model)
-        from rlinf_mini.config import check_reasoning_batch_arithmetic
-        from stages.placement import ReasoningComponentPlacement
+    if cfg.runner.task_type == "reasoning":  # placement and batch arithmetic (planning makes no model or data)
+        from rlinf_mini.train import ReasoningRunPlan
 
-        placement = ReasoningComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
-        check_reasoning_batch_arithmetic(cfg, *(placement.get_world_size(c) for c in ("rollout", "reward", "actor")),
-                                         str(config))
+        ReasoningRunPlan(cfg, str(config))
         return
     RunPlan(cfg, str(config))  # placement, batch arithmetic, env spec, model: everything but starting workers
 
