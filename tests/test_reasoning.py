@@ -377,7 +377,7 @@ def test_a_nan_step_is_skipped_by_the_shared_actor_core_as_in_the_embodied_half(
     actor.skip_nonfinite, every optimizer step of the poisoned run_training() call is skipped and counted, the weights
     stay those of the step before, and the next step trains again."""
     tmp, _, _, _ = tiny
-    monkeypatch.setenv("RLMINI_FAULT", "group=ActorGroup,method=run_training,call=2,kind=nan")
+    monkeypatch.setenv("RLINF_MINI_FAULT", "group=ActorGroup,method=run_training,call=2,kind=nan")
     run_dir, history = run(tmp, str(tmp / "model"), "nan_skipped", 3, {"actor": "0", "rollout,reward": "1"},
                            "--actor.skip-nonfinite", "--runner.save-interval", "1")
     skipped = [h["train/skipped_steps"] for h in history if "train/skipped_steps" in h]
