@@ -29,11 +29,9 @@ import torch
 from conftest import ROOT, marked_processes, write_config
 from toy_workers import EchoWorker
 
-from rlinf_mini.config import ClusterConfig
 from rlinf_mini.runners.base import find_latest_checkpoint
 from rlinf_mini.scheduler import faults
 from rlinf_mini.scheduler.channel import Channel
-from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
 from rlinf_mini.scheduler.worker import WorkerDiedError
 from rlinf_mini.utils.metric_logger import read_metrics
@@ -414,10 +412,9 @@ def test_a_killed_driver_leaves_no_process_even_with_a_hung_rank(runs):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(ClusterConfig(num_devices=2, timeout_s=30))
-    yield c
-    c.shutdown()
+def cluster_timeout_s() -> float:
+    """conftest's `cluster`, with 30 s timeouts here."""
+    return 30.0
 
 
 def test_driver_blocked_in_a_channel_get_notices_a_death(cluster):
