@@ -487,8 +487,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bload (?:average )?~?\d|\bthis round\b|\b\d{1,2} Dec\b|\bDec \d{1,2}\b"
                    r"|\b(?:first|second|this) session\b|\btoday\b|\byesterday\b", re.I)
 PENDING: set[str] = set()
-"""Pages other branches of this session add (issues 35, 37, 38): linked already, allowed to be missing until they
-land. Empty this set once they have."""
+"""Pages other branches add: linked already, allowed to be missing until they land. Empty this set once they
+have."""
 CODE = [p for d in ("rlinf_mini", "stages", "benchmarks", "tests", "tutorials", "configs")
         for p in sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".yaml", ".sh")]
 
