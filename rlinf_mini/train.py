@@ -38,7 +38,7 @@ from rlinf_mini.scheduler import faults
 
 def _preload(cfg: TrainConfig) -> tuple[str, ...]:
     """What every rank imports, imported once by the local backend's fork server: the model's module. The VLA's and
-    the language model's pull in transformers (~4 s of CPU per process on 2 cores); the MLP needs only torch."""
+    the language model's pull in transformers (seconds of CPU per process); the MLP needs only torch."""
     if cfg.runner.task_type == "reasoning":
         return ("rlinf_mini.models.tiny_lm",)
     return ("rlinf_mini.models.tiny_vla",) if cfg.actor.model.model_type == "tiny_vla" else ()

@@ -243,7 +243,7 @@ class RayRanks(GroupRanks):
 
     def submit(self, ranks: list[int], call_id: int, method: str, args: tuple, kwargs: dict) -> None:
         for r in ranks:
-            ref = self.actors[r].call.remote(method, args, kwargs)  # the call id stays here (a Ray arg costs ~0.1 ms)
+            ref = self.actors[r].call.remote(method, args, kwargs)  # the call id stays here: one argument less
             with self._lock:
                 self._pending[ref] = (call_id, r)
 
@@ -253,7 +253,7 @@ class RayRanks(GroupRanks):
         if not refs:
             time.sleep(block_s)
             return []
-        ready, _ = ray.wait(refs, num_returns=1, timeout=block_s)  # ray.wait costs ~5 us
+        ready, _ = ray.wait(refs, num_returns=1, timeout=block_s)  # ray.wait is cheap: it asks no worker
         if not ready:
             return []
         if len(refs) > 1:
@@ -261,7 +261,7 @@ class RayRanks(GroupRanks):
         out = []
         with self._lock:
             ready = [ref for ref in ready if ref in self._pending]  # another driver thread may have taken some
-            try:  # one ray.get for all (~50 us each); a failed one makes us read them one by one
+            try:  # one ray.get for all (each ray.get is a round trip); a failed one makes us read them one by one
                 values = dict(zip(ready, ray.get(ready, timeout=_ANSWER_S), strict=True))
             except Exception:
                 values = {}
