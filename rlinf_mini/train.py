@@ -307,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
 
     source = config_source(argv)
     try:
-        if os.environ.get(faults.ENV_VAR):
-            faults.parse(os.environ[faults.ENV_VAR])  # a malformed fault plan fails here, not in every worker
+        if os.environ.get(faults.ENV_VAR):  # a malformed fault plan fails here, not in every worker
+            with _read_as_config_error(source):
+                faults.parse(os.environ[faults.ENV_VAR])
         plan = (ReasoningRunPlan if cfg.runner.task_type == "reasoning" else RunPlan)(cfg, source)
         plan.prepare()  # the files it needs, before any worker starts: what they hold is still a config error
     except ConfigError as e:
