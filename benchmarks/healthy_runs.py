@@ -126,8 +126,6 @@ METRICS = [  # the order of the page's rows; a recipe shows those its runs logge
            "not falling at all: not learning"),
     Metric("train/actor/kl_loss", "KL to the frozen reference model (`algorithm.kl_beta` > 0)",
            "growing step after step: the policy drifts from the reference faster than `kl_beta` holds it"),
-    Metric("train/kl", "KL to the frozen reference model (`algorithm.kl_beta` > 0)",
-           "growing step after step: the policy drifts from the reference faster than `kl_beta` holds it"),
     Metric("train/critic/value_loss", "the value head's (Huber / clipped) loss",
            "growing without bound: the value head diverges (`actor.optim.value_lr`, `algorithm.value_clip`)"),
     Metric("train/critic/explained_variance", "how much of the returns' variance the value head predicts",

@@ -408,7 +408,7 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
         cfg = load_config(["--config", config, "--runner.logger.log_path", log_path])
         if cfg.actor.model.model_path:  # here, not in the user's results/tiny_vla
             cfg.actor.model.model_path = str(Path(log_path) / "model")
-        RunPlan(cfg, config)  # creates the VLA's model folder when the config names one
+        RunPlan(cfg, config).prepare()  # creates the VLA's model folder when the config names one
         train, chunks = cfg.env.train, cfg.actor.model.num_action_chunks
         spec = get_env_spec(train)
         n = train.total_num_envs // batches

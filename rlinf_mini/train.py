@@ -16,6 +16,7 @@ RLinf counterpart: `examples/embodiment/train_embodied_agent.py` (reasoning: `ex
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -37,7 +38,7 @@ from rlinf_mini.scheduler import faults
 
 def _preload(cfg: TrainConfig) -> tuple[str, ...]:
     """What every rank imports, imported once by the local backend's fork server: the model's module. The VLA's and
-    the language model's pull in transformers (~4 s of CPU per process on 2 cores); the MLP needs only torch."""
+    the language model's pull in transformers (seconds of CPU per process); the MLP needs only torch."""
     if cfg.runner.task_type == "reasoning":
         return ("rlinf_mini.models.tiny_lm",)
     return ("rlinf_mini.models.tiny_vla",) if cfg.actor.model.model_type == "tiny_vla" else ()
@@ -73,15 +74,28 @@ def _new_run_dir(cfg: TrainConfig, source: str) -> Path:
     return run_dir
 
 
+@contextlib.contextmanager
+def _read_as_config_error(source: str):
+    """A ValueError from reading what the config names (a model folder, a dataset) is a config error: re-raised as
+    ConfigError, one line naming the file and the key. Other exceptions pass with their traceback."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"{source}: {str(e).splitlines()[0]}") from None
+
+
 class RunPlan:
-    """Everything decided before any process starts: the placement, the world sizes, the run folder."""
+    """Everything decided before any process starts: the placement, the world sizes, the run folder. Planning writes
+    nothing (--explain neither); `prepare()`, just before the workers start, makes the VLA's model folder."""
 
     def __init__(self, cfg: TrainConfig, source: str):
         from rlinf_mini.envs import get_env_spec
         from rlinf_mini.models import build_policy
         from stages.placement import HybridComponentPlacement
 
-        self.cfg = cfg
+        self.cfg, self.source, self.prepared = cfg, source, False
         _place(self, cfg, source, HybridComponentPlacement, ("env", "rollout", "actor"))
         check_batch_arithmetic(cfg, self.world_sizes["env"], self.world_sizes["rollout"],
                                self.world_sizes["actor"], source)
@@ -90,12 +104,12 @@ class RunPlan:
         if eval_spec != spec:
             raise ConfigError(f"{source}: env.eval: its spaces {eval_spec} differ from env.train's {spec}")
         path = cfg.actor.model.model_path
-        if cfg.actor.model.model_type == "tiny_vla" and path and not Path(path).exists():
-            from rlinf_mini.models.make_tiny_vla import create_tiny_vla
-
-            create_tiny_vla(cfg, path)  # the initial HF folder, as `python -m rlinf_mini.models.make_tiny_vla`
-        policy = build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete,  # a bad model_path
-                              image_shape=spec.image_shape)  # fails here
+        # a VLA folder that does not exist yet is made by prepare(); checked here as the fresh model it will hold
+        self.model_to_make = path if cfg.actor.model.model_type == "tiny_vla" and path and not Path(path).exists() \
+            else ""
+        model_cfg = dataclasses.replace(cfg.actor.model, model_path="") if self.model_to_make else cfg.actor.model
+        with _read_as_config_error(source):  # a bad model_path fails here
+            policy = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete, image_shape=spec.image_shape)
         # /dev/shm the rollout's weight buffers take (stages/sync.py: one per rollout rank, reserved at creation)
         self.weight_bytes = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
         self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
@@ -108,6 +122,15 @@ class RunPlan:
                 raise ConfigError(f"{source}: rollout.model.model_path: {str(e).split(': ', 1)[-1]}") from None
         self.run_dir = _new_run_dir(cfg, source)
 
+    def prepare(self) -> None:
+        """The files the run needs before its workers start: the VLA's initial HF folder where model_path names a
+        missing one (as `python -m rlinf_mini.models.make_tiny_vla`). A second call does nothing."""
+        if self.model_to_make and not Path(self.model_to_make).exists():
+            from rlinf_mini.models.make_tiny_vla import create_tiny_vla
+
+            create_tiny_vla(self.cfg, self.model_to_make)
+        self.prepared = True
+
 
 def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa: F821
     """Start the three worker groups where the placement says, and wire them into a runner (not yet initialized)."""
@@ -115,6 +138,8 @@ def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa:
     from stages.rollout import EnvWorker, RolloutWorker
     from stages.train import ActorWorker
 
+    if not plan.prepared:
+        plan.prepare()
     placement = plan.placement
     actor = ActorWorker.create_group(cfg).launch(
         cluster, placement_strategy=placement.get_strategy("actor"), name=cfg.actor.group_name)
@@ -129,43 +154,55 @@ def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa:
 
 
 class ReasoningRunPlan:
-    """The reasoning run's checks and files, before any process starts: placement (actor, rollout, reward), batch
-    arithmetic, the arithmetic JSONL and the model folder (made when missing), the prompt datasets."""
+    """The reasoning run's checks, before any process starts: placement (actor, rollout, reward), batch arithmetic,
+    the run folder. Planning writes nothing; `prepare()`, just before the workers start, makes the arithmetic JSONL
+    and the model folder when missing and reads the prompt datasets (train_set, val_set)."""
 
     def __init__(self, cfg: TrainConfig, source: str):
         from rlinf_mini.config import check_reasoning_batch_arithmetic
-        from rlinf_mini.data.prompt_dataset import PromptDataset
-        from rlinf_mini.models.make_tiny_lm import create_tiny_lm, ensure_arithmetic_data
-        from rlinf_mini.models.tiny_lm import load_tokenizer
         from stages.placement import ReasoningComponentPlacement
 
-        self.cfg = cfg
+        self.cfg, self.source, self.prepared = cfg, source, False
         _place(self, cfg, source, ReasoningComponentPlacement, ("rollout", "reward", "actor"))
         check_reasoning_batch_arithmetic(cfg, self.world_sizes["rollout"], self.world_sizes["reward"],
                                          self.world_sizes["actor"], source)
         self.run_dir = _new_run_dir(cfg, source)  # before the data and the model are made: seconds of warm start
-        ensure_arithmetic_data(cfg)
-        path = cfg.actor.model.model_path
-        if not Path(path).exists():  # the initial HF folder, as `python -m rlinf_mini.models.make_tiny_lm`
-            if cfg.actor.model.model_type == "smollm2":
-                from rlinf_mini.models.make_smollm2 import create_smollm2
+        self.preload = _preload(cfg)
 
-                create_smollm2(path)
-            else:
-                create_tiny_lm(cfg, path)
-        tokenizer = load_tokenizer(path)
+    def prepare(self) -> None:
+        """The data and the model folder (made when missing), the datasets read, the /dev/shm the weights will take.
+        Raises ConfigError for a file that does not fit the config. A second call does nothing."""
+        if self.prepared:
+            return
+        from rlinf_mini.data.prompt_dataset import PromptDataset
+        from rlinf_mini.models.make_tiny_lm import create_tiny_lm, ensure_arithmetic_data
+        from rlinf_mini.models.tiny_lm import load_tokenizer
+
+        cfg, source = self.cfg, self.source
+        with _read_as_config_error(source):
+            ensure_arithmetic_data(cfg)
+            path = cfg.actor.model.model_path
+            if not Path(path).exists():  # the initial HF folder, as `python -m rlinf_mini.models.make_tiny_lm`
+                if cfg.actor.model.model_type == "smollm2":
+                    from rlinf_mini.models.make_smollm2 import create_smollm2
+
+                    create_smollm2(path)
+                else:
+                    create_tiny_lm(cfg, path)
+            tokenizer = load_tokenizer(path)
+            self.train_set = PromptDataset.from_files(cfg.data.train_data_paths, cfg.data, tokenizer)
+            self.val_set = PromptDataset.from_files(cfg.data.val_data_paths, cfg.data, tokenizer,
+                                                    "data.val_data_paths")
         # /dev/shm the rollout's weight buffers take (stages/sync.py: one per rollout rank): the model's weights
         self.weight_bytes = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
         self.shm_bytes = self.world_sizes["rollout"] * self.weight_bytes
-        self.preload = _preload(cfg)
-        self.train_set = PromptDataset.from_files(cfg.data.train_data_paths, cfg.data, tokenizer)
-        self.val_set = PromptDataset.from_files(cfg.data.val_data_paths, cfg.data, tokenizer, "data.val_data_paths")
         for key, dataset in (("data.train_data_paths", self.train_set), ("data.val_data_paths", self.val_set)):
             if note := dataset.dropped_note(key, cfg.data.max_prompt_length):
                 print(note, file=sys.stderr)
         if cfg.data.rollout_batch_size > len(self.train_set):
             raise ConfigError(f"{source}: data.rollout_batch_size: {cfg.data.rollout_batch_size} exceeds the "
                               f"{len(self.train_set)} train prompts")
+        self.prepared = True
 
 
 def launch_reasoning(cfg: TrainConfig, plan: ReasoningRunPlan, cluster):
@@ -175,6 +212,7 @@ def launch_reasoning(cfg: TrainConfig, plan: ReasoningRunPlan, cluster):
     from stages.reasoning_rollout import ReasoningRolloutWorker
     from stages.reasoning_train import ReasoningActorWorker
 
+    plan.prepare()
     p = plan.placement
     rollout = ReasoningRolloutWorker.create_group(cfg).launch(
         cluster, placement_strategy=p.get_strategy("rollout"), name=cfg.rollout.group_name)
@@ -220,6 +258,8 @@ def build_and_run(cfg: TrainConfig, plan: RunPlan | ReasoningRunPlan) -> list[di
     from rlinf_mini.scheduler import shm
     from rlinf_mini.scheduler.cluster import Cluster
 
+    if not plan.prepared:
+        plan.prepare()  # the files the run needs (a model folder, the reasoning data): just before workers start
     shm.check_free(plan.shm_bytes, f"the weight buffers of {plan.world_sizes['rollout']} rollout rank(s)")
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, plan.run_dir / "config.yaml")
@@ -267,13 +307,15 @@ def main(argv: list[str] | None = None) -> int:
 
     source = config_source(argv)
     try:
-        if os.environ.get(faults.ENV_VAR):
-            faults.parse(os.environ[faults.ENV_VAR])  # a malformed fault plan fails here, not in every worker
+        if os.environ.get(faults.ENV_VAR):  # a malformed fault plan fails here, not in every worker
+            with _read_as_config_error(source):
+                faults.parse(os.environ[faults.ENV_VAR])
         plan = (ReasoningRunPlan if cfg.runner.task_type == "reasoning" else RunPlan)(cfg, source)
+        plan.prepare()  # the files it needs, before any worker starts: what they hold is still a config error
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (PlacementError, EnvError, ValueError) as e:  # ValueError: a model folder that does not fit the env
+    except (PlacementError, EnvError) as e:  # a placement or env the config names that cannot be made
         print(f"error: {source}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     try:

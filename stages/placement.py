@@ -36,8 +36,9 @@ HybridComponentPlacement` and `PlacementMode`; our `PlacementStrategy` is `Flexi
 (`hardware_ranks_list`: the devices of each process). RLinf's HybridComponentPlacement always reports HYBRID; ours
 classifies the layout, so `env,rollout,actor: all` reads as COLLOCATED.
 
-Left out: node groups (the dict form `{node_group, placement}`, robots, the `node` label), multi-node clusters
-(a device id is a local device), `PlacementMode.AUTO`, and the TP-aware `ModelParallelComponentPlacement`.
+Device ids are global over the nodes (`cluster.num_nodes`: node n holds devices n*D ... n*D + D - 1; the Ray backend
+places each rank on its node). Left out: node groups (the dict form `{node_group, placement}`, robots, the `node`
+label), `PlacementMode.AUTO`, and the TP-aware `ModelParallelComponentPlacement`.
 RLinf also demands ascending device ranks across segments; we only reject duplicates.
 
 Next stage: `stages/sync.py`, which moves weights from actor ranks to rollout ranks placed here.

@@ -84,8 +84,8 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor, top_k: int, top_p: floa
 
 class _InPlaceLayer(DynamicLayer):
     """A KV-cache layer whose keys/values live in a buffer allocated once for `capacity` positions: a decode step
-    writes its one slot, where HF's DynamicLayer concatenates the whole cache of every layer anew each step (for
-    SmolLM2 at 64 rows x 50 positions, ~150 MB copied per token). keys / values are views [B, H, length, D]."""
+    writes its one slot, where HF's DynamicLayer concatenates the whole cache of every layer anew each step (a copy
+    of the whole cache per token). keys / values are views [B, H, length, D]."""
 
     def __init__(self, capacity: int):
         super().__init__()
@@ -114,8 +114,8 @@ class _InPlaceLayer(DynamicLayer):
 def last_logits(model, hidden: torch.Tensor, chunk: int = 512) -> torch.Tensor:
     """hidden [A, H] (each live row's last position, after the final norm) -> logits [A, V] by the model's output
     head, `chunk` vocabulary rows at a time on a CPU. Why: with a big vocabulary (SmolLM2: 49152 x 576, 113 MB) and
-    a few rows, one MKL GEMM repacks the whole weight through memory every token (~70 ms for 16 rows on one core,
-    measured); 512-row slices pack in cache (~45 ms). Each logit is the same dot product (bitwise here; the tests
+    a few rows, one MKL GEMM repacks the whole weight through memory every token; 512-row slices pack in cache
+    (docs/performance.md has both times). Each logit is the same dot product (bitwise here; the tests
     check it against the plain head)."""
     head = model.get_output_embeddings()  # nn.Linear [V, H]: the causal LMs here (GPT-2, Llama) compute head(hidden)
     if hidden.device.type != "cpu" or head.weight.shape[0] <= chunk:

@@ -226,7 +226,6 @@ class ReasoningActorWorker(ActorCore):
             kl_loss = (kl * w).sum() / w.sum().clamp(min=1e-8) * scale
             loss = loss + algo.kl_beta * kl_loss
             metrics["actor/kl_loss"] = kl_loss.detach()  # RLinf's name (train/actor/kl_loss in metrics.jsonl)
-            metrics["kl"] = kl_loss.detach()  # train/kl: TRL's and veRL's users look for this one
         return loss, metrics
 
     def save_checkpoint(self, path: str) -> None:

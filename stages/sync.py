@@ -48,7 +48,7 @@ from stages.weight_buffer import TensorSlot, WeightBufferHandle, model_weights, 
 __all__ = ["TensorSlot", "WeightBufferHandle", "WeightReceiver", "WeightSender", "make_weight_receiver",
            "plan_layout"]  # the layout's names stay importable from here: tutorial 02 reads them in this file
 
-_RAY_NODE = "RLINF_MINI_RAY_NODE"  # set by scheduler/ray_backend.py in each rank: the Ray node id it runs on
+_RAY_NODE = "RLINF_MINI_RAY_NODE"  # set by scheduler/ray_rank_actor.py in each rank: the Ray node id it runs on
 
 
 def _ray_node_and_mailbox() -> tuple[str, Any]:

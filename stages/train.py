@@ -9,8 +9,8 @@ optimizer step per global_batch_size / W samples per rank, micro-batch gradients
 all-reduce of the flat gradient (`Worker.all_reduce`: DDP without its wrapper). Losses: `stages/losses.py`.
 RLinf counterpart: `rlinf/workers/actor/fsdp_actor_worker.py::EmbodiedFSDPActor` (recv_rollout_trajectories,
 compute_advantages_and_returns, run_training, train_micro_batch). The update loop, the gradient all-reduce and the
-weight sync are the actor core's (`stages/actor_core.py`), shared with the reasoning actor. Left out: FSDP, LoRA,
-offload.
+weight sync are the actor core's (`stages/actor_core.py`), shared with the reasoning actor, as is the lr schedule
+(actor.optim.lr_scheduler: warmup, then constant or cosine). Left out: FSDP, LoRA, offload.
 """
 
 from __future__ import annotations
@@ -170,6 +170,7 @@ class ActorWorker(ActorCore):
     def run_training(self) -> dict[str, float]:
         """`update_epoch` passes over this rank's samples (update_policy); metrics averaged over the ranks."""
         flat = flatten_batch(self.batch)
+        lr = self.lr_scheduler.get_last_lr()[0]  # the schedule's rate as this step's update begins
         means, skipped = update_policy(self.policy, self.optimizer, flat, self.cfg, global_step=self.global_step,
                                        rank=self._rank, world_size=self._world_size,
                                        average_gradients=self._average_gradients, step_is_finite=self._step_is_finite,
@@ -181,7 +182,7 @@ class ActorWorker(ActorCore):
         result = torch.tensor([means[k] for k in keys], dtype=torch.float32, device=self.device)  # nccl: on the GPU
         result = self.all_reduce(result) / self._world_size
         out = {f"train/{k}": float(v) for k, v in zip(keys, result, strict=True)}
-        out["train/lr"] = self.cfg.actor.optim.lr
+        out["train/lr"] = lr
         if self.cfg.actor.skip_nonfinite:
             out["train/skipped_steps"] = float(skipped)
         y, v = flat["returns"], flat["old_values"]

@@ -95,6 +95,41 @@ def plant_users_runs(root: Path) -> None:
                 (root / file).write_text(PLANTED)
 
 
+@pytest.fixture(scope="module")
+def cluster_backend() -> str:
+    """The backend of a module's `cluster`; a module overrides this fixture to change it (tests/test_backends.py
+    runs its tests on each backend)."""
+    return "local"
+
+
+@pytest.fixture(scope="module")
+def cluster_timeout_s() -> float:
+    """The timeout of a module's `cluster` (cluster.timeout_s); a module overrides this fixture to change it."""
+    return 20.0
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_backend, cluster_timeout_s):
+    """One Cluster of 2 virtual devices for a whole test module, shut down after its last test."""
+    from rlinf_mini.config import ClusterConfig
+    from rlinf_mini.scheduler.cluster import Cluster
+
+    c = Cluster(ClusterConfig(num_devices=2, timeout_s=cluster_timeout_s, backend=cluster_backend))
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def echo(cluster):
+    """The module's EchoWorker group "Echo" (tests/toy_workers.py), tag "hello", one rank on each device."""
+    from toy_workers import EchoWorker
+
+    from stages.placement import ComponentPlacement
+
+    placement = ComponentPlacement({"echo": "0-1"}, cluster.num_devices)
+    return EchoWorker.create_group(None, "hello").launch(cluster, placement.get_strategy("echo"), name="Echo")
+
+
 def tree_snapshot(root: Path) -> dict[str, bytes | None]:
     """Every path under `root` with its bytes (None: a folder): equal snapshots, nothing written there."""
     return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}

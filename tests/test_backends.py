@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 from conftest import ROOT, write_config
-from toy_workers import DebugWorker, EchoWorker
+from toy_workers import DebugWorker
 
 from rlinf_mini.config import ClusterConfig, load_config
 from rlinf_mini.scheduler.channel import Channel, ChannelTimeout
@@ -28,23 +28,16 @@ BACKENDS = ["local", "inline"]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def cluster(request):
-    c = Cluster(ClusterConfig(num_devices=2, timeout_s=20, backend=request.param))
-    yield c
-    c.shutdown()
-
-
-@pytest.fixture(scope="module")
-def echo(cluster):
-    placement = ComponentPlacement({"echo": "0-1"}, cluster.num_devices)
-    return EchoWorker.create_group(None, "hi").launch(cluster, placement.get_strategy("echo"), name="Echo")
+def cluster_backend(request) -> str:
+    """Every test of this module on each backend (conftest's `cluster` and `echo`)."""
+    return request.param
 
 
 def test_calls_fan_out_and_return_in_rank_order(echo):
     assert echo.add(1, b=2).wait() == [3, 4]
     assert echo.execute_on(1).add(10).wait() == [11]
     infos = echo.info().wait()
-    assert [i["rank"] for i in infos] == [0, 1] and all(i["tag"] == "hi" and i["group"] == "Echo" for i in infos)
+    assert [i["rank"] for i in infos] == [0, 1] and all(i["tag"] == "hello" and i["group"] == "Echo" for i in infos)
 
 
 def test_an_exception_names_group_rank_method_and_the_real_line(echo):

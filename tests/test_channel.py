@@ -25,19 +25,6 @@ from rlinf_mini.scheduler.worker import WorkerDiedError
 from stages.placement import ComponentPlacement
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(ClusterConfig(num_devices=2, timeout_s=20))
-    yield c
-    c.shutdown()
-
-
-@pytest.fixture(scope="module")
-def echo(cluster):
-    placement = ComponentPlacement({"echo": "0-1"}, cluster.num_devices)
-    return EchoWorker.create_group(None, "t").launch(cluster, placement.get_strategy("echo"), name="ChanEcho")
-
-
 def test_two_producer_processes_and_two_consumer_threads_get_every_item_exactly_once(cluster, echo):
     ch = Channel.create("many", cluster, maxsize=3)
     items = [[(r, i) for i in range(150)] for r in range(2)]

@@ -200,18 +200,15 @@ def test_shipped_config_round_trips_and_is_valid(tmp_path, config, in_users_chec
             module = "mujoco"
     if module and importlib.util.find_spec(module) is None:
         pytest.skip(f"{config.name}: {module} is not installed")
-    # the run folder and the model folder RunPlan creates: here, not in the user's checkout (cwd), whose results/
+    # the run folder and the model folder RunPlan checks: here, not in the user's checkout (cwd), whose results/
     # holds their runs of every shipped config
     cfg.runner.logger.log_path = str(tmp_path / "results")
     if cfg.actor.model.model_type == "tiny_vla":
         cfg.actor.model.model_path = str(tmp_path / "tiny_vla")
-    if cfg.runner.task_type == "reasoning":  # placement and batch arithmetic (ReasoningRunPlan would make the model)
-        from rlinf_mini.config import check_reasoning_batch_arithmetic
-        from stages.placement import ReasoningComponentPlacement
+    if cfg.runner.task_type == "reasoning":  # placement and batch arithmetic (planning makes no model or data)
+        from rlinf_mini.train import ReasoningRunPlan
 
-        placement = ReasoningComponentPlacement(cfg.cluster.component_placement, cfg.cluster.num_devices)
-        check_reasoning_batch_arithmetic(cfg, *(placement.get_world_size(c) for c in ("rollout", "reward", "actor")),
-                                         str(config))
+        ReasoningRunPlan(cfg, str(config))
         return
     RunPlan(cfg, str(config))  # placement, batch arithmetic, env spec, model: everything but starting workers
 
@@ -440,6 +437,25 @@ def assert_one_line_error(capsys, argv: list[str], must_name: str, log_path: Pat
     assert err.startswith("error: ") and must_name in err, err
     assert not log_path.exists() and multiprocessing.active_children() == []
     return err
+
+
+def test_only_config_errors_are_one_line_other_errors_keep_their_traceback(tmp_path, capsys, monkeypatch):
+    """A model folder that does not fit is a config error: one line, exit 2. A ValueError no config check raised
+    (here planted in the env spec, standing for a bug) is not worded as one: main lets it through, traceback and all."""
+    import rlinf_mini.envs
+
+    path = write_config(tmp_path)
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(capsys, ["--config", str(path), "--actor.model.model-path", str(tmp_path / "empty")],
+                          "actor.model.model_path", tmp_path / "results")
+
+    def bug(*args, **kwargs):
+        raise ValueError("a bug, not a config error")
+
+    monkeypatch.setattr(rlinf_mini.envs, "get_env_spec", bug)
+    with pytest.raises(ValueError, match="a bug, not a config error"):
+        main(["--config", str(path)])
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("case", list(BAD_YAML))

@@ -84,7 +84,7 @@ def test_the_summary_windows_and_quantiles():
 # The runs several checks read
 
 
-RUNS = {  # name -> (RLMINI_FAULT, config sections merged into test_faults.BASE)
+RUNS = {  # name -> (RLINF_MINI_FAULT, config sections merged into test_faults.BASE)
     # actor rank 0 is SIGKILLed in its third run_training(): steps 0-2 are logged first (eval every step, traced)
     "kill9": ("group=ActorGroup,rank=0,method=run_training,call=3,kind=kill9",
               {"runner": {"val_check_interval": 1, "trace": True}}),
@@ -487,8 +487,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bload (?:average )?~?\d|\bthis round\b|\b\d{1,2} Dec\b|\bDec \d{1,2}\b"
                    r"|\b(?:first|second|this) session\b|\btoday\b|\byesterday\b", re.I)
 PENDING: set[str] = set()
-"""Pages other branches of this session add (issues 35, 37, 38): linked already, allowed to be missing until they
-land. Empty this set once they have."""
+"""Pages other branches add: linked already, allowed to be missing until they land. Empty this set once they
+have."""
 CODE = [p for d in ("rlinf_mini", "stages", "benchmarks", "tests", "tutorials", "configs")
         for p in sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".yaml", ".sh")]
 
@@ -528,6 +528,21 @@ def test_no_code_comment_holds_a_dated_or_load_figure():
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
              if "#" in line and DATED.search(line.split("#", 1)[1])]
     assert not found, "\n".join(found)
+
+
+def test_one_env_var_prefix_and_every_variable_documented():
+    """Every environment variable of ours is RLINF_MINI_...: no other prefix, and each is listed in docs/testing.md
+    or docs/troubleshooting.md."""
+    docs = (ROOT / "docs/testing.md").read_text() + (ROOT / "docs/troubleshooting.md").read_text()
+    old = "RL" + "MINI_"  # the prefix that was dropped (spelt in two pieces so that this file does not hold it)
+    names: set[str] = set()
+    for p in CODE + PAGES:
+        text = p.read_text(errors="replace")
+        assert old not in text, f"{p.relative_to(ROOT)}: the old prefix {old} (ours is RLINF_MINI_)"
+        names |= set(re.findall(r"\bRLINF_MINI_[A-Z0-9_]*[A-Z0-9]", text))
+    assert "RLINF_MINI_FAULT" in names and "RLINF_MINI_TEST_FAULT_CASES" in names
+    undocumented = sorted(n for n in names if not re.search(rf"`{n}`", docs))
+    assert not undocumented, f"not in docs/testing.md or docs/troubleshooting.md: {undocumented}"
 
 
 def test_a_dated_sentence_and_a_dead_link_are_found(tmp_path):

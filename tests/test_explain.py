@@ -164,3 +164,27 @@ def test_the_command_line_flag(tmp_path):
     assert runs[0].returncode == 0 and "all checks pass" in ok_out and ok_err == ""
     assert runs[1].returncode == 2 and "breaks: actor.global_batch_size = 256" in bad_out
     assert bad_err.startswith("error: ") and len(bad_err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("config", ["embodied", "math"])  # a VLA folder to make; reasoning data and a model to make
+def test_planning_writes_nothing_and_prepare_makes_the_files(config, tmp_path, capsys):
+    """--explain and RunPlan / ReasoningRunPlan (planning) leave no file behind, where the config names a model folder
+    and data files that do not exist yet; `prepare()`, the step just before workers start, makes them."""
+    from conftest import tree_snapshot
+
+    from rlinf_mini.train import ReasoningRunPlan
+
+    argv = ["--config", str(ROOT / f"configs/{config}.yaml"), "--runner.logger.log-path", str(tmp_path / "results"),
+            "--actor.model.model-path", str(tmp_path / "model")]
+    if config == "math":
+        argv += ["--data.train-data-paths", str(tmp_path / "data/train.jsonl"),
+                 "--data.val-data-paths", str(tmp_path / "data/val.jsonl")]
+    code, out, err = explain(argv, capsys)
+    assert code == 0 and "all checks pass" in out
+    cfg = load_config(argv)
+    plan = (ReasoningRunPlan if config == "math" else RunPlan)(cfg, config)
+    assert tree_snapshot(tmp_path) == {}  # nothing written: not the model, not the data, not the run folder
+    plan.prepare()
+    assert (tmp_path / "model" / "config.json").is_file() and not plan.run_dir.exists()
+    if config == "math":
+        assert (tmp_path / "data/train.jsonl").is_file() and len(plan.train_set) >= cfg.data.rollout_batch_size

@@ -1,7 +1,7 @@
-"""Faults injected into real runs (`python -m rlinf_mini.train`, RLMINI_FAULT): a worker killed, segfaulting, exiting,
-raising, hanging, returning a NaN loss; a broken env; SIGTERM and a second Ctrl-C on the driver. Every case asserts
-the message, the exit code, that the driver reacted to the event itself (the fault, the signal) and not to some later
-timeout, and that no process and no /dev/shm segment is left.
+"""Faults injected into real runs (`python -m rlinf_mini.train`, RLINF_MINI_FAULT): a worker killed, segfaulting,
+exiting, raising, hanging, returning a NaN loss; a broken env; SIGTERM and a second Ctrl-C on the driver. Every case
+asserts the message, the exit code, that the driver reacted to the event itself (the fault, the signal) and not to
+some later timeout, and that no process and no /dev/shm segment is left.
 
 No bound here is a stopwatch on the whole run, which a loaded machine stretches (a run's start is seconds of CPU, and
 three go at once): each is measured from the event it answers (the fault's own timestamp, the signal sent), and is
@@ -29,11 +29,9 @@ import torch
 from conftest import ROOT, marked_processes, write_config
 from toy_workers import EchoWorker
 
-from rlinf_mini.config import ClusterConfig
 from rlinf_mini.runners.base import find_latest_checkpoint
 from rlinf_mini.scheduler import faults
 from rlinf_mini.scheduler.channel import Channel
-from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
 from rlinf_mini.scheduler.worker import WorkerDiedError
 from rlinf_mini.utils.metric_logger import read_metrics
@@ -206,7 +204,7 @@ AT_ONCE = 3  # runs going at the same time: their starts are CPU-bound, their ti
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Run]:
-    todo = [(n, c) for n, c in CASES.items() if n in os.environ.get("ONLY", n)]
+    todo = [(n, c) for n, c in CASES.items() if n in os.environ.get("RLINF_MINI_TEST_FAULT_CASES", n)]
     todo.sort(key=lambda nc: "kind=hang" not in (nc[1].fault or ""))  # the longest (a timeout to wait out) first
     active: list[_Started] = []
     done: dict[str, Run] = {}
@@ -414,10 +412,9 @@ def test_a_killed_driver_leaves_no_process_even_with_a_hung_rank(runs):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(ClusterConfig(num_devices=2, timeout_s=30))
-    yield c
-    c.shutdown()
+def cluster_timeout_s() -> float:
+    """conftest's `cluster`, with 30 s timeouts here."""
+    return 30.0
 
 
 def test_driver_blocked_in_a_channel_get_notices_a_death(cluster):

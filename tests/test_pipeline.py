@@ -173,6 +173,31 @@ def test_after_sync_rollout_weights_equal_actor_weights_bitwise(tmp_path):
             assert torch.equal(trained[k], rollout_weights[k]), k
 
 
+def test_train_lr_is_the_rate_the_cosine_schedule_sets(tmp_path):
+    """train/lr is the lr each step's update starts from, down the cosine: torch's own CosineAnnealingLR, run alone
+    over the same optimizer steps (warmup 0, num_cycles 0.5: transformers' cosine-with-min-lr is that curve)."""
+    lr, floor, total = 0.01, 0.1, 12
+    cfg, source = small_cfg(tmp_path, {"env,rollout,actor": "0"}, 1, 1, cluster=INLINE,
+                            runner={"max_epochs": 3, "val_check_interval": -1, "save_interval": -1},
+                            actor={"optim": {"lr": lr, "value_lr": lr, "lr_scheduler": "cosine",
+                                             "lr_warmup_steps": 0, "total_training_steps": total,
+                                             "min_lr_rate": floor}})
+    history = [h for h in build_and_run(cfg, RunPlan(cfg, source)) if h["step"] > 0]
+    samples = cfg.env.train.total_num_envs * cfg.env.train.max_steps_per_rollout_epoch  # T x B, one chunk a step
+    per_step = samples // cfg.actor.global_batch_size * cfg.algorithm.update_epoch  # optimizer steps per step
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    alone = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total, eta_min=lr * floor)
+    expected = []
+    for _ in history:
+        expected.append(alone.get_last_lr()[0])
+        for _ in range(per_step):
+            optimizer.step()
+            alone.step()
+    assert len(history) == 3 and per_step > 1
+    assert [h["train/lr"] for h in history] == pytest.approx(expected, rel=1e-9)
+    assert len(set(expected)) == 3 and expected[0] == pytest.approx(lr)  # it moves: not the configured rate
+
+
 @pytest.mark.slow  # the default suite's learning check is tutorial 06 (eval success rises within 10 steps)
 def test_default_config_learns_quickly(tmp_path):
     """A short version of the MLP run: eval success goes from chance to most episodes in 15 steps."""

@@ -455,7 +455,7 @@ class TestOneGroupOnTwoNodes:
         with pytest.raises(WorkerDiedError, match=rf"^Echo rank 1 \(pid {pid}\) died with Ray actor died"):
             pending.wait()
         SHARED.clear()
-        assert sorted(alive_actors()) == ["_ChannelActor", "_RankActor"]  # rank 0, hung (the check below can fail)
+        assert sorted(alive_actors()) == ["RankActor", "_ChannelActor"]  # rank 0, hung (the check below can fail)
         two_nodes.shutdown()  # the hung rank is killed after the grace period
         assert time.monotonic() < slept_at + 60  # it killed the hung rank: its sleep of 60 s had not ended
         assert alive_actors() == []  # the cluster's shutdown waited for every actor to be gone

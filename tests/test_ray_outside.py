@@ -117,7 +117,7 @@ def _actors(address: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize("named_by", ["RAY_ADDRESS", "ray start's address file"])
 def test_a_run_joins_the_cluster_that_ray_address_or_ray_start_names(outside_cluster, tmp_path, named_by):
     address, root = outside_cluster
-    before = _actors(address).get("DEAD", []).count("_RankActor")
+    before = _actors(address).get("DEAD", []).count("RankActor")
     sections = {**SMALL, "runner": {**SMALL["runner"], "max_epochs": 1},
                 "cluster": {"backend": "ray", "num_devices": 2, "component_placement": {"env,rollout": "0",
                                                                                          "actor": "1"}}}
@@ -133,5 +133,5 @@ def test_a_run_joins_the_cluster_that_ray_address_or_ray_start_names(outside_clu
     assert done.returncode == 0, done.stderr
     assert marked_processes(MARK, marker) == {}  # the run left no process behind
     actors = _actors(address)
-    assert actors.get("DEAD", []).count("_RankActor") - before == 3  # env + rollout, actor: ranks of this cluster
-    assert "_RankActor" not in actors.get("ALIVE", []) and "_ChannelActor" not in actors.get("ALIVE", [])
+    assert actors.get("DEAD", []).count("RankActor") - before == 3  # env + rollout, actor: ranks of this cluster
+    assert "RankActor" not in actors.get("ALIVE", []) and "_ChannelActor" not in actors.get("ALIVE", [])

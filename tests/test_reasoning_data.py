@@ -96,6 +96,7 @@ def test_the_entrys_plan_reads_parquet_and_notes_the_prompts_it_drops(tmp_path, 
     argv = argv_for(str(tmp_path / "train.parquet"), val, model_dir, "--data.prompt-key", "q",
                     "--data.answer-key", "a")
     plan = ReasoningRunPlan(load_config(argv), "test")
+    plan.prepare()  # reads the datasets
     assert len(plan.train_set) == 100 and plan.train_set.answers[37] == ["10"]  # 3+7=
     assert plan.train_set.dropped == [f"{tmp_path / 'train.parquet'} row 101"]
     note = capsys.readouterr().err.strip()

@@ -20,19 +20,6 @@ from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError
 from stages.placement import ComponentPlacement
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(ClusterConfig(num_devices=2, timeout_s=20))
-    yield c
-    c.shutdown()
-
-
-@pytest.fixture(scope="module")
-def echo(cluster):
-    placement = ComponentPlacement({"echo": "0-1", "single": "0-1:0"}, cluster.num_devices)
-    return EchoWorker.create_group(None, "hello").launch(cluster, placement.get_strategy("echo"), name="Echo")
-
-
 def test_call_runs_on_every_rank_and_returns_in_rank_order(echo):
     infos = echo.info().wait()
     assert [i["rank"] for i in infos] == [0, 1]

@@ -1,5 +1,6 @@
 """Real simulators: MuJoCo through the gymnasium adapter (skipped when mujoco is missing), ManiSkill3 (skipped, with
-the reason, where it is missing or has no render device), and the slow learning checks of issue 6."""
+the reason, where it is missing or has no render device), and the slow learning check: MuJoCo beats the random
+policy."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@
 # - `rlinf_mini/utils/metric_logger.py` (`metrics.jsonl`, TensorBoard, the console line; `read_metrics`) and
 #   `rlinf_mini/utils/learning_curve.py::plot_learning_curve`.
 # - `rlinf_mini/scheduler/worker.py`: `GroupFuture.wait` raises `WorkerError` (a worker raised: its traceback) or
-#   `WorkerDiedError` (a worker's process died); `rlinf_mini/scheduler/faults.py` (`RLMINI_FAULT`) fails one on purpose.
+#   `WorkerDiedError` (a worker's process died); `rlinf_mini/scheduler/faults.py` (`RLINF_MINI_FAULT`) fails one on
+#   purpose.
 
 # %%
 import json
@@ -207,7 +208,7 @@ assert all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k]))
 #
 # Long runs meet failures: a bug raises in a worker, the OOM killer ends a process, a simulator segfaults. The
 # driver must notice within seconds, say which worker failed (its group and rank) and how, stop every other process,
-# and exit with code 1. `RLMINI_FAULT` (`rlinf_mini/scheduler/faults.py`) makes one worker fail on purpose; every
+# and exit with code 1. `RLINF_MINI_FAULT` (`rlinf_mini/scheduler/faults.py`) makes one worker fail on purpose; every
 # worker reads it when it starts. Two short runs, each through `main` (what `python -m rlinf_mini.train` runs), with
 # what it prints captured:
 #
@@ -215,7 +216,7 @@ assert all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k]))
 # - env rank 0 is killed with SIGKILL in its second `interact()`, while the rollout and the actor wait for its
 #   messages in channel gets: no traceback (the process is gone), its pid and the signal instead.
 #
-# The same from a shell: `RLMINI_FAULT="group=EnvGroup,rank=0,method=interact,call=2,kind=kill9" python -m
+# The same from a shell: `RLINF_MINI_FAULT="group=EnvGroup,rank=0,method=interact,call=2,kind=kill9" python -m
 # rlinf_mini.train --config configs/embodied_mlp.yaml`. `docs/troubleshooting.md` lists every such message, its
 # cause and its fix.
 

@@ -234,7 +234,8 @@ assert pipelined >= 1
 # `algorithm.kl_beta > 0` (`configs/math_kl.yaml`; RLinf's, TRL's and veRL's "KL loss") keeps a frozen copy of the
 # starting model in the actor, the reference, and adds kl_beta × the mean over response tokens of
 # `kl_penalty(logprobs, ref_logprobs, "low_var_kl")` to the loss: e^(ref − logp) − (ref − logp) − 1 (Schulman's
-# k3, ≥ 0, 0 only where the two agree), logged as `train/kl`. It pulls the policy back towards where it started.
+# k3, ≥ 0, 0 only where the two agree), logged as `train/actor/kl_loss`. It pulls the policy back towards where it
+# started.
 # Two runs of the same 20 steps side by side, kl_beta 0 (the run above) and 0.5, each measured afterwards
 # against the warm start on its own sampled answers to the held-out prompts: **with the penalty the policy stays
 # closer to the reference** (three seeds: 0.32-0.40 of the KL without it; 0.75 or less asserted), and it still
@@ -277,8 +278,9 @@ kl_without, kl_with = kl_to_reference(trained(plan.run_dir)), kl_to_reference(tr
 kl_accuracy = [h["eval/accuracy"] for h in kl_history if "eval/accuracy" in h]
 print(f"kl_beta 0:     KL to the reference {kl_without:.4f}, held-out {accuracy[0]:.3f} -> {accuracy[-1]:.3f}")
 print(f"kl_beta {KL_BETA}: KL to the reference {kl_with:.4f}, held-out {kl_accuracy[0]:.3f} -> {kl_accuracy[-1]:.3f}"
-      f" (train/kl at the last step {kl_history[-1]['train/kl']:.4f})")
-assert "train/kl" not in history[-1] and kl_history[-1]["train/kl"] > 0  # no reference model without the penalty
+      f" (train/actor/kl_loss at the last step {kl_history[-1]['train/actor/kl_loss']:.4f})")
+# no reference model without the penalty
+assert "train/actor/kl_loss" not in history[-1] and kl_history[-1]["train/actor/kl_loss"] > 0
 assert kl_with <= 0.75 * kl_without and kl_accuracy[-1] >= kl_accuracy[0] + 0.02
 
 # %% [markdown]

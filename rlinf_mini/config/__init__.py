@@ -6,8 +6,8 @@ Precedence: dataclass defaults < YAML file (with its `defaults:` list) < `key=va
 strictly and composed by OmegaConf as Hydra does for RLinf (interpolation, RLinf's resolvers); an unknown key or a wrong
 type is a `ConfigError` naming the key path and the file; tyro then applies `--key value` on top, so `--help` documents
 every key from the schema's docstrings. `check_batch_arithmetic` rejects batch sizes that cannot be split over the
-ranks, before any worker starts. Keys are RLinf's where RLinf has the concept (see shared/reference/rlinf-map.md,
-section 11); the few of ours are marked "rlinf_mini:".
+ranks, before any worker starts. Keys are RLinf's where RLinf has the concept (docs/rlinf_keys.md);
+the few of ours are marked "rlinf_mini:".
 
 Files, one role each: schema.py (the sections, in RLinf's YAML order; the env section in schema_embodied.py, data and
 reward in schema_reasoning.py), yaml_tree.py (the YAML files into one plain tree, through OmegaConf), load.py (the tree

@@ -259,7 +259,7 @@ def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainCo
         del argv[i : i + 2]
     source = (file or "defaults") + (" + command line" if overrides else "")
     default = config_from_tree(read_yaml_tree(file, overrides), source) if file or overrides else TrainConfig()
-    cfg = default  # no `--key value` left: tyro would build its parser (~0.1 s) only to return the default
+    cfg = default  # no `--key value` left: tyro would build its whole parser only to return the default
     for arg in argv:
         message = unknown_flag(arg)
         if message:

@@ -2,8 +2,8 @@
 env, rollout, actor, data, reward); the env section is in schema_embodied.py, data and reward in
 schema_reasoning.py."""
 
-# (No `from __future__ import annotations` here: tyro reads these annotations at every parse with flags, and typing
-# compiled string annotations again each time, ~15 % of a parse.)
+# (No `from __future__ import annotations` here: tyro reads these annotations at every parse with flags, and string
+# annotations would be compiled again at each one; docs/performance.md has the cost.)
 
 from dataclasses import dataclass, field
 from typing import Literal

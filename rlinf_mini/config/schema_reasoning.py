@@ -1,7 +1,7 @@
 """The reasoning sections of the schema (runner.task_type: reasoning): data, reward, algorithm.sampling_params."""
 
-# (No `from __future__ import annotations` here: tyro reads these annotations at every parse with flags, and typing
-# compiled string annotations again each time, ~15 % of a parse.)
+# (No `from __future__ import annotations` here: tyro reads these annotations at every parse with flags, and string
+# annotations would be compiled again at each one; docs/performance.md has the cost.)
 
 from dataclasses import dataclass, field
 from typing import Literal

@@ -4,8 +4,8 @@ a plain dict comes out (load.py types it).
 
 OmegaConf reads no file here: its own YAML reader keeps a duplicate key's last value and reads `1:30` as 90, so each
 file goes through the strict reader below and OmegaConf gets the plain dict. A file with no `defaults:` list, no
-`${...}` and no `key=value` is returned as read: OmegaConf would give it back unchanged, and importing it costs ~60
-ms of CPU, building its tree ~5 ms (a shipped config is read in ~2 ms).
+`${...}` and no `key=value` is returned as read: OmegaConf would give it back unchanged, and importing it and
+building its tree cost more than reading the file (docs/performance.md).
 """
 
 import dataclasses
@@ -22,8 +22,8 @@ from rlinf_mini.config.schema import ConfigError, TrainConfig
 
 class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """PyYAML reads YAML 1.1, where `lr: 1e-3` (no dot) is the string '1e-3'; read it as a float, as YAML 1.2 and
-    RLinf's OmegaConf do. Quoted values stay strings. libyaml's parser where PyYAML has it (~5x faster; a plain
-    scalar's style is '' there, None in the pure-Python one)."""
+    RLinf's OmegaConf do. Quoted values stay strings. libyaml's parser where PyYAML has it (faster; a
+    plain scalar's style is '' there, None in the pure-Python one)."""
 
 
 _YamlLoader.add_implicit_resolver(

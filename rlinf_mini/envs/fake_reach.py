@@ -11,7 +11,7 @@ same ids over 1 or 2 pipeline stages or ranks gives bitwise the same trajectorie
 (a GRPO group) start each reset round from the same state. The only state is a few tensors and the reset counts, so
 get_state/set_state resume bitwise.
 
-RLinf has no dummy simulator (shared/reference/rlinf-map.md, section 9); this plays the role of a GPU-batched
+RLinf has no dummy simulator; this plays the role of a GPU-batched
 ManiSkill env (`rlinf/envs/maniskill/maniskill_env.py::ManiskillEnv.chunk_step`), CPU only and with no rendering.
 """
 

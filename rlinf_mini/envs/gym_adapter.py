@@ -83,8 +83,8 @@ class GymnasiumVectorEnv:
         self.num_action_chunks = num_action_chunks
         self.envs = [_make_one(cfg, key) for _ in range(self.num_envs)]
         self.spec = _spec_of(self.envs[0], cfg, key)
-        # Per-env bookkeeping lives in numpy / Python lists, not torch: indexing a torch tensor costs microseconds per
-        # scalar, which made the Python loop ~5x slower than the envs themselves. Tensors are built once per call.
+        # Per-env bookkeeping lives in numpy / Python lists, not torch: each index into a torch tensor is a dispatch,
+        # which a per-env Python loop pays for every scalar. Tensors are built once per call.
         B = self.num_envs
         self._seed_ids = self.env_ids.tolist()
         self.obs = np.zeros((B, self.spec.obs_dim), dtype=np.float32)  # [B, obs_dim] latest obs of every sub-env

@@ -74,7 +74,7 @@ def create_tiny_lm(cfg: TrainConfig, out: str, sft_steps: int = SFT_STEPS,
     model = tiny_gpt2(len(tokenizer), m.hidden_dim, m.num_layers, n_positions=max(64, cfg.runner.seq_length),
                       seed=cfg.actor.seed)
     threads = torch.get_num_threads()
-    # one thread: at this size a second one only waits, and on busy cores its spinning took 15x longer (measured)
+    # one thread: at this size a second one only waits, and on busy cores its spinning slows the first one down
     torch.set_num_threads(1)
 
     def right_often_enough(model) -> bool:

@@ -51,7 +51,7 @@ def init_gpt2(model: torch.nn.Module, num_layers: int, seed: int) -> None:
     """GPT-2's initialization (transformers' _init_weights: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 L)),
     biases 0, LayerNorm 1 / 0), drawn by Python's random.Random(seed) in parameter-name order. Why not torch's
     normal_: its CPU kernel is vectorized per instruction set, and the same seed gave other weights with
-    ATEN_CPU_CAPABILITY=default than on AVX2 / AVX-512 (measured); transformers' init order may change too."""
+    ATEN_CPU_CAPABILITY=default than on AVX2 / AVX-512; transformers' init order may change too."""
     import math
     import random
 

@@ -101,8 +101,8 @@ class TinyVLAForActionPrediction(PreTrainedModel):
         self.value_head = (nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, 1))
                            if config.add_value_head else None)
         self.post_init()  # BERT's init (std 0.02) everywhere, then unit scale for the inputs:
-        # with std 0.02 a colour, a word or a coordinate barely moves the first attention and the policy learns ~5x
-        # slower (measured: supervised direction accuracy 0.45 vs 0.86 after 150 batches of 128).
+        # with std 0.02 a colour, a word or a coordinate barely moves the first attention and the policy learns
+        # much slower (docs/performance.md).
         with torch.no_grad():
             for layer in (self.patch_embed, self.coord_embed, self.state_embed):
                 if layer is not None:

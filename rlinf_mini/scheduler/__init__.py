@@ -7,7 +7,7 @@ nothing about RL and imports only itself and `rlinf_mini/config/`.
     worker.py      Worker, WorkerGroup, GroupFuture: a call on every rank, its results or its failure
     channel.py     Channel: keyed, bounded producer-consumer queues between any processes
     shm.py         named shared-memory segments, swept when their run ends
-    faults.py      RLMINI_FAULT: inject a crash, a hang or a NaN into one worker
+    faults.py      RLINF_MINI_FAULT: inject a crash, a hang or a NaN into one worker
     tracer.py      spans -> trace.json, timeline.png, busy / idle / bubble metrics
 
 Nothing is imported here: a worker process imports `rlinf_mini.scheduler.worker` before torch, and must not pull

@@ -101,7 +101,7 @@ class Cluster:
         share = devices.gpu_share(gpus, node, counts)
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         # OpenMP threads spin after each parallel region by default; with several processes sharing cores that
-        # spinning starves the others (a 400 KB copy measured 8 ms instead of 30 us). Passive threads sleep instead.
+        # spinning starves the others (docs/performance.md). Passive threads sleep instead.
         env["OMP_WAIT_POLICY"] = "PASSIVE"
         return RankSpec(group_name=group.name, rank=placement.rank, world_size=group.world_size,
                         cls_module=group.cls.__module__, cls_name=group.cls.__qualname__, cfg=group.cfg,

@@ -1,8 +1,8 @@
 """Fault injection: make one worker fail on purpose, the way real runs fail, to prove the runtime copes.
 
-    RLMINI_FAULT="group=ActorGroup,rank=1,method=run_training,call=2,kind=raise" python -m rlinf_mini.train ...
+    RLINF_MINI_FAULT="group=ActorGroup,rank=1,method=run_training,call=2,kind=raise" python -m rlinf_mini.train ...
 
-Each worker process reads RLMINI_FAULT once at start (it inherits the driver's environment). When the worker of
+Each worker process reads RLINF_MINI_FAULT once at start (it inherits the driver's environment). When the worker of
 `group` and `rank` (either may be left out: every group / every rank) starts its `call`-th call (1-based, default 1)
 of `method`, the fault fires:
 
@@ -13,7 +13,7 @@ of `method`, the fault fires:
     hang    the method sleeps forever (a deadlock, a stuck simulator, a lost collective)
     nan     the method runs, but `poison(loss)` turns its loss into NaN (the one hook, in stages/actor_core.py)
 
-When RLMINI_FAULT is unset, the worker's command loop pays one `is None` check per call and nothing else.
+When RLINF_MINI_FAULT is unset, the worker's command loop pays one `is None` check per call and nothing else.
 Tests use this module through the environment variable too, so the same faults can be tried from a shell.
 """
 
@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 
-ENV_VAR = "RLMINI_FAULT"
+ENV_VAR = "RLINF_MINI_FAULT"
 KINDS = ("raise", "exit", "kill9", "segv", "hang", "nan")
 
 

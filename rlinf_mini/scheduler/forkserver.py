@@ -23,8 +23,8 @@ import threading
 
 SERVER_NAME = "rlmini-forksrv"  # the fork server's process name in `ps -o comm` and top; a rank's is "<group>:<rank>"
 
-# What the fork server imports once, so that no rank pays for it: torch (~85 % of a rank's start), torch._dynamo
-# (a torch optimizer imports it at its first add_param_group: ~1.6 s of CPU in every actor rank otherwise) and the
+# What the fork server imports once, so that no rank pays for it: torch (most of a rank's start), torch._dynamo
+# (a torch optimizer imports it at its first add_param_group, in every actor rank otherwise) and the
 # scheduler modules every rank runs (the Cluster adds the run's model module). Only imports: importing torch creates
 # no CUDA context, and torch resets its thread pools in a forked child (as for a DataLoader's fork workers).
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "rlinf_mini.scheduler.worker", "rlinf_mini.scheduler.codec",
@@ -52,11 +52,11 @@ def start_fork_server_here(preload: tuple[str, ...] = ()) -> bool:
     """Start this process's fork server now, as a fork of this process; True if it started (False: a Cluster starts
     the stdlib's, a fresh interpreter, as before). The server shares this process's imports (torch, the scheduler,
     the model's module `preload`) instead of making its own, and imports the rest of FORKSERVER_PRELOAD while this
-    process goes on. Measured on the fault tests' run: 7.4 -> 4.5 s of CPU, 6.8 -> 4.1 s of wall.
+    process goes on: a run's ranks start without importing torch again (docs/performance.md has the saving).
 
     Call it before this process runs any torch op (`python -m rlinf_mini.train` does, once the config is read, before
     RunPlan builds the model): libgomp's thread pool, made at the first parallel op, does not survive a fork
-    (measured: the child of a process that ran one matmul hangs at its own first). The rest is checked here: Linux,
+    (the child of a process that ran one matmul hangs at its own first). The rest is checked here: Linux,
     no server yet, no Python thread but this one, no CUDA context. (numpy's OpenBLAS threads, started at import, are
     fork-safe: the stdlib-started server has them too.) libgomp reads OMP_WAIT_POLICY when torch loads, in this
     process: the ranks then have this process's policy (main() sets passive first, what the stdlib's server gets).

@@ -2,7 +2,7 @@
 in the driver.
 
 Every (channel, key) is a queue kept by the kernel, shared by all its producers and consumers, so a message
-goes from producer to consumer with no process in between (a put or get is 2-3 system calls, ~10 us of CPU):
+goes from producer to consumer with no process in between (a put or get is 2-3 system calls):
 - data: a socketpair(AF_UNIX, SOCK_SEQPACKET); one send is one message, one recv takes exactly one, atomically.
 - bound and count: a stream socketpair holding one byte per token; FIONREAD counts them exactly. On a bounded key a
   token is a free slot (maxsize of them; a put takes one, a get gives one back); on an unbounded key a token is a
@@ -11,7 +11,7 @@ goes from producer to consumer with no process in between (a put or get is 2-3 s
 The `ChannelServer` (threads in the driver on one abstract unix socket; RLinf keeps its queues in a Ray actor)
 creates a key's sockets on first use and hands their descriptors to each process once (SCM_RIGHTS), then stays out of
 the data path. (The first version kept the queues in the server: two socket hops per message through a driver
-thread, and small messages ran at 0.1x a pickled multiprocessing.Queue.)
+thread, slower for small messages than a pickled multiprocessing.Queue; docs/performance.md.)
 """
 
 from __future__ import annotations
@@ -150,12 +150,10 @@ _opened_lock = threading.Lock()
 
 
 # A get (or a put on a full key) that would block first polls the socket for up to SPIN_S, then sleeps in poll().
-# Waking a process that sleeps in poll() takes ~50-100 us on this 2-core VM, the order of one MLP inference (~0.3 ms):
-# when the other side runs on another core, its message mostly comes within the spin. When the other side needs this
-# core to make the message, spinning only delays it: after SPIN_MISSES spins in a row that caught nothing, this
-# process stops spinning and tries once every SPIN_RETRY waits. embodied_mlp's end-to-end row (`python -m benchmarks
-# --quick --only runner`, interleaved with the code without a spin): a plain 100 us spin, 5 pairs, median 0.70 -> 0.93
-# of the same-calls loop; this one, 3 pairs, 0.75 -> 0.88.
+# Waking a process that sleeps in poll() takes a sizeable part of one small-model inference, so when the other side
+# runs on another core, its message mostly comes within the spin. When the other side needs this core to make the
+# message, spinning only delays it: after SPIN_MISSES spins in a row that caught nothing, this process stops spinning
+# and tries once every SPIN_RETRY waits. (What the spin does to embodied_mlp's end-to-end row: docs/performance.md.)
 SPIN_S = 100e-6
 SPIN_MISSES = 8
 SPIN_RETRY = 64

@@ -4,10 +4,11 @@
   the cluster Ray's temp folder names (`ray start --head`), if it answers; else a private instance, stopped at the end.
 - Nodes: node index n (RankSpec.node) is the n-th alive Ray node, the driver's first, then by node id; a config that
   needs more nodes or GPUs than the cluster has is one line (ConfigError) before any actor starts.
-- Ranks: a `_RankActor` pinned to its node with a token CPU share; on GPUs, in the Ray bundle of its first GPU with
-  its share of it (`num_gpus`), pinned to the GPU Ray reserved there (ray_gpus.py); `start()` sets spec.env
-  (CUDA_VISIBLE_DEVICES, RANK, OMP_*, ...) before torch. A group call is one actor call per rank, collected with
-  ray.wait; a never-returning `watch()` call, which Ray fails when the actor dies, is how exit_status sees a death.
+- Ranks: a `RankActor` (ray_rank_actor.py) pinned to its node with a token CPU share; on GPUs, in the Ray bundle
+  of its first GPU with its share of it (`num_gpus`), pinned to the GPU Ray reserved there (ray_gpus.py); `start()`
+  sets spec.env (CUDA_VISIBLE_DEVICES, RANK, OMP_*, ...) before torch. A group call is one actor call per rank,
+  collected with ray.wait; a never-returning `watch()` call, which Ray fails when the actor dies, is how exit_status
+  sees a death.
 - Collective: MASTER_ADDR/PORT from rank 0's `rendezvous()`, handed to every `start()` as an ObjectRef.
 - Channels, by one rule: a one-node run (cluster.num_nodes 1: every rank pinned to the driver's node) uses the local
   backend's kernel queues (kernel_queues.py: a ChannelServer in the driver, socketpairs handed to each rank's actor
@@ -24,11 +25,9 @@ GPU and pins the placement's.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pickle
 import socket
-import struct
 import sys
 import threading
 import time
@@ -48,12 +47,11 @@ from rlinf_mini.scheduler.ray_channel import (
     at_our_niceness,
     channel_actor,
     use_numpy_for_tensors,
-    use_weights_mailbox,
 )
 from rlinf_mini.scheduler.ray_gpus import RayGpus
+from rlinf_mini.scheduler.ray_rank_actor import RankActor
 
 CPU_SHARE = 0.01  # Ray CPUs per rank: a token, so placement never waits for CPU accounting (pinning is by spec.env)
-NODE_ENV = "RLINF_MINI_RAY_NODE"  # set in every rank: the Ray node id it runs on (stages/sync.py reads it)
 WATCH_EVERY_S = 0.05  # exit_status asks Ray about the watch calls at most this often
 _ANSWER_S = ANSWER_S
 
@@ -235,7 +233,7 @@ class RayRanks(GroupRanks):
                 where = dict(num_cpus=0, num_gpus=spec.gpu_share, scheduling_strategy=backend.gpus.strategy(
                     node_id, spec.gpus[0]))
                 spec.env["CUDA_VISIBLE_DEVICES"] = ",".join(backend.gpus.assigned(node_id, g) for g in spec.gpus)
-            self.actors.append(_RankActor.options(max_restarts=0, runtime_env=at_our_niceness(), **where).remote())
+            self.actors.append(RankActor.options(max_restarts=0, runtime_env=at_our_niceness(), **where).remote())
         master = self.actors[0].rendezvous.remote()  # resolved by Ray before any start() runs
         self._watch = [a.watch.remote() for a in self.actors]
         for spec, actor in zip(specs, self.actors, strict=True):
@@ -245,7 +243,7 @@ class RayRanks(GroupRanks):
 
     def submit(self, ranks: list[int], call_id: int, method: str, args: tuple, kwargs: dict) -> None:
         for r in ranks:
-            ref = self.actors[r].call.remote(method, args, kwargs)  # the call id stays here (a Ray arg costs ~0.1 ms)
+            ref = self.actors[r].call.remote(method, args, kwargs)  # the call id stays here: one argument less
             with self._lock:
                 self._pending[ref] = (call_id, r)
 
@@ -255,7 +253,7 @@ class RayRanks(GroupRanks):
         if not refs:
             time.sleep(block_s)
             return []
-        ready, _ = ray.wait(refs, num_returns=1, timeout=block_s)  # ray.wait costs ~5 us
+        ready, _ = ray.wait(refs, num_returns=1, timeout=block_s)  # ray.wait is cheap: it asks no worker
         if not ready:
             return []
         if len(refs) > 1:
@@ -263,7 +261,7 @@ class RayRanks(GroupRanks):
         out = []
         with self._lock:
             ready = [ref for ref in ready if ref in self._pending]  # another driver thread may have taken some
-            try:  # one ray.get for all (~50 us each); a failed one makes us read them one by one
+            try:  # one ray.get for all (each ray.get is a round trip); a failed one makes us read them one by one
                 values = dict(zip(ready, ray.get(ready, timeout=_ANSWER_S), strict=True))
             except Exception:
                 values = {}
@@ -331,90 +329,3 @@ class RayRanks(GroupRanks):
                 ray.kill(actor, no_restart=True)
             except ValueError:  # not an actor handle any more (already gone)
                 pass
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Inside a rank's actor
-
-
-def _ifname_of(ip: str) -> str | None:
-    """The network interface that holds `ip` (Linux), for gloo/NCCL: they would otherwise pick one by hostname."""
-    for _, name in socket.if_nameindex():
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:  # SIOCGIFADDR
-                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-        if socket.inet_ntoa(raw[20:24]) == ip:
-            return name
-    return None
-
-
-@ray.remote(concurrency_groups={"watch": 1})
-class _RankActor:
-    """One rank. Calls run in the default concurrency group (one at a time, in order); `watch` has its own thread."""
-
-    def __init__(self):
-        self.worker = None  # nothing else here: torch is imported in start(), after the environment is set
-
-    def rendezvous(self) -> tuple[str, str]:
-        """(this node's IP, a port free on it) for the group's collective (called on rank 0)."""
-        ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return ip, str(s.getsockname()[1])
-
-    def start(self, spec_bytes: bytes, master: tuple[str, str], mailbox: KernelQueues | None) -> tuple[Result, int]:
-        # must stay False (tests check that pinning came first): CUDA reads CUDA_VISIBLE_DEVICES when it initializes
-        cuda_before_pinning = "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized()
-        spec: RankSpec = pickle.loads(spec_bytes)  # bytes, so that Ray's unpickling of the arguments imports nothing
-        ip, port = master
-        env = {**spec.env, "MASTER_ADDR": ip, "MASTER_PORT": port, "LOCAL_RANK": "0",
-               NODE_ENV: ray.get_runtime_context().get_node_id()}
-        # gloo and NCCL pick an interface by hostname unless told: tell them the one that holds the master's IP
-        ifname = _ifname_of(ip)
-        if ifname:
-            env = {"GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname, **os.environ, **env}
-        os.environ.update(env)
-        if spec.cores and set(spec.cores) <= os.sched_getaffinity(0):  # the Cluster counted this machine's cores
-            os.sched_setaffinity(0, spec.cores)
-        self.rank = spec.rank
-        try:
-            import torch
-
-            from rlinf_mini.scheduler.collective import TorchDistCollective
-            from rlinf_mini.scheduler.worker import build_worker
-
-            use_numpy_for_tensors()
-            use_weights_mailbox(mailbox)  # (a KernelQueues unpickles without torch: kernel_queues.py imports none)
-            device = torch.device("cuda:0" if spec.gpus else "cpu")
-            self.worker = build_worker(spec, device, lambda timeout_s: TorchDistCollective(
-                spec.rank, spec.world_size, device, timeout_s))
-            self.worker._cuda_before_pinning = cuda_before_pinning
-            return (0, spec.rank, True, None), os.getpid()
-        except BaseException:
-            import traceback
-
-            return (0, spec.rank, False, traceback.format_exc()), os.getpid()
-
-    def call(self, method: str, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-        from rlinf_mini.scheduler.worker import run_call
-
-        return run_call(self.worker, method, args, kwargs)
-
-    def stop(self) -> None:
-        if self.worker is not None:
-            worker, self.worker = self.worker, None
-            try:
-                worker.close()
-            finally:  # as a local rank does: its channel ends and shared segments (the actor stays, idle)
-                from rlinf_mini.scheduler import codec
-
-                close_transport_resources()
-                codec.close_process_resources()
-
-    @ray.method(concurrency_group="watch")
-    def watch(self) -> None:
-        """Never returns: Ray fails this call when the actor dies, and the driver reads the death from it."""
-        while True:
-            time.sleep(3600)

@@ -15,7 +15,7 @@ producer-owned ref. (A one-node run's channels are the local backend's kernel qu
 RLinf counterpart: `rlinf/scheduler/channel/channel.py` + `channel_worker.py` (queues in an actor; RLinf moves the
 payloads by its workers' own send/recv). Left out: a get of several items per call (it hands a key's items to one
 consumer ahead of its gets); the payload pulled from the producer's actor, the queue holding (producer, id) only:
-no faster at 786 KB (this design / it 0.85-1.07 over four runs, each ~0.2x of bare put + get: ray_backend --designs).
+no faster at 786 KB (`python -m benchmarks.ray_backend --designs` compares the two; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from rlinf_mini.scheduler import tracer
 
 CHANNEL_ACTOR = "rlinf_mini_channels_"  # + run id: the queue actor's name in the job's namespace (ranks look it up)
 # An item with this many tensor bytes or more goes through the object store by ObjectRef; a smaller one travels as
-# bytes inside the queue actor's calls: an ObjectRef nested in a call costs Ray's borrowing protocol (measured here:
-# put + get of a small dict 4.9 ms by ObjectRef, 1.9 ms by value).
+# bytes inside the queue actor's calls: an ObjectRef nested in a call costs Ray's borrowing protocol, which a small
+# item's copy does not (docs/performance.md).
 BY_REF_MIN_BYTES = 64 * 1024  # the codec pickles smaller tensors inline (codec.SHM_MIN_BYTES)
 ANSWER_S = 30.0  # an actor call that takes no time on its side must answer within this, or the actor is gone
 MAX_IN_FLIGHT = 16  # pipelined puts per key and process without an answer: beyond, the producer waits for the oldest
@@ -46,8 +46,8 @@ _UNBOUNDED_ROOM = 1 << 30  # the free slots an unbounded queue reports
 
 def _tensor_to_numpy(t) -> tuple:
     """How a tensor crosses Ray here: as a numpy array, which Ray's pickle-5 path puts in the object store out of band
-    (one copy in) and hands back without a copy; torch's own pickling goes through torch.save (ray.put + ray.get of
-    786 KB measured 4.9 ms that way, 3.1 ms this way). On the CPU, as the local codec does; dtypes numpy lacks
+    (one copy in) and hands back without a copy; torch's own pickling goes through torch.save, which copies more.
+    On the CPU, as the local codec does; dtypes numpy lacks
     (bfloat16) travel as bytes."""
     import torch
 
@@ -64,8 +64,8 @@ def _tensor_from_numpy(state: tuple):
     arr, dtype, shape = state
     # The object store's buffer is read-only (numpy says so; the mapping itself is writable, so a write would change
     # the stored object under Ray). A received tensor is the receiver's own on every backend (the rollout and the
-    # envs may write into theirs), so it gets its own memory: 0.14 ms for 786 KB, 1.3 ms for 9.6 MB (measured),
-    # 2 % and 8 % of what the message costs through a channel.
+    # envs may write into theirs), so it gets its own memory: one copy, small beside what the message costs
+    # through a channel (docs/performance.md).
     t = torch.from_numpy(arr.copy())
     return t if dtype is None else t.view(dtype).view(shape)
 
@@ -82,7 +82,7 @@ class _ChannelActor:
     """Every channel's keyed queues (RLinf: ChannelWorker). Holds ObjectRefs (wrapped in a list, so Ray passes them
     through instead of resolving them), never the items.
 
-    An async actor may run two calls of one caller out of order (measured: a swap after ~140 puts). A pipelined put
+    An async actor may run two calls of one caller out of order (within a few hundred puts). A pipelined put
     carries its producer's turn (producer id, sequence number per key): it goes into the queue only after the
     producer's previous one, so each key stays FIFO per producer."""
 
@@ -318,8 +318,8 @@ class RayQueues:
 
 
 # Ray starts its workers at niceness 15 (its daemons run at the driver's). Our actors are the run's compute, as a
-# local rank is, at the driver's niceness: at 15, beside other work on 2 cores, embodied_mlp's actor ranks got ~55 % of
-# a core and run_training took 0.28 s instead of local's 0.19 s. (Ray's job manager does the same for the driver.)
+# local rank is, at the driver's niceness: at 15, beside other work on shared cores, the actor ranks get a fraction
+# of a core and training slows (docs/performance.md). (Ray's job manager does the same for the driver.)
 WORKER_NICENESS_ENV = "RAY_worker_niceness"
 
 

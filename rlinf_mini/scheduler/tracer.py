@@ -17,8 +17,8 @@ Names that start with "wait" (channel gets/puts that block, weight-version waits
 work. The pipeline bubble of a step is the time the env waits for actions plus the time the rollout waits for
 observations, each as a fraction of the generate_rollouts phase.
 
-RLinf counterpart: none in this form (RLinf has per-phase timers and an optional torch profiler window; users asked
-where the pipeline waits, RLinf#485). Left out: GPU kernel timelines (use the torch profiler for those).
+RLinf counterpart: none in this form (RLinf has per-phase timers and an optional torch profiler window; its users
+have asked where the pipeline waits). Left out: GPU kernel timelines (use the torch profiler for those).
 """
 
 from __future__ import annotations

@@ -301,7 +301,7 @@ def build_worker(spec: RankSpec, device, make_collective) -> Worker:
     worker._rank, worker._world_size, worker._group_name = spec.rank, spec.world_size, spec.group_name
     worker.device = device
     worker._make_collective = make_collective
-    worker._fault = faults.for_this_worker(spec.group_name, spec.rank)  # None unless RLMINI_FAULT names this rank
+    worker._fault = faults.for_this_worker(spec.group_name, spec.rank)  # None unless RLINF_MINI_FAULT names this rank
     if worker._fault is not None:
         faults.before_call(worker._fault, "__init__")
     worker.__init__(spec.cfg, *spec.args)

@@ -29,7 +29,7 @@ class MetricLogger:
         self._file = self.path.open("a")
         self._tb = None
         if "tensorboard" in cfg.logger_backends:
-            from torch.utils.tensorboard import SummaryWriter  # imported only when asked for: it costs ~1 s
+            from torch.utils.tensorboard import SummaryWriter  # imported only when asked for: a slow import
 
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
 
