@@ -79,3 +79,31 @@ def test_episodes_end_at_max_episode_steps_with_rlinfs_success_stats():
 def test_an_unknown_task_is_one_line_naming_the_key():
     with pytest.raises(EnvError, match=r"env.train.task_suite_name: unknown MetaWorld suite or task 'psh-v3'"):
         get_env_spec(cfg(task_suite_name="psh-v3"), "env.train")
+
+
+def test_a_non_finite_simulation_step_ends_only_that_episode(capsys):
+    """Sub-env 1's physics returns NaN on its third step: that episode terminates with reward 0 and the sub-env is
+    reset; sub-env 0 steps on exactly as in a run without the fault."""
+    ref_obs, ref_r = rollout([0, 1], 3)
+    env = make_env(cfg(ignore_terminations=True), torch.tensor([0, 1]), 1)
+    try:
+        obs0 = env.reset()
+        inner = env.envs[1]
+        real_step, calls = inner.step, []
+
+        def faulty(action):
+            obs, reward, term, trunc, info = real_step(action)
+            calls.append(1)
+            return (obs * float("nan"), reward, term, trunc, info) if len(calls) == 3 else \
+                (obs, reward, term, trunc, info)
+
+        inner.step = faulty
+        out = [env.chunk_step(actions_for(env.env_ids, t)) for t in range(3)]
+    finally:
+        env.close()
+    obs, rewards, terms, truncs, stats = out[2]
+    assert torch.isfinite(obs).all() and torch.equal(obs[0], ref_obs[0, 3]) and rewards[1, 0] == 0.0
+    assert terms[:, 0].tolist() == [False, True] and not truncs.any()
+    assert stats["episode_len"].tolist() == [3.0] and env.num_nonfinite == 1
+    assert torch.equal(obs0, ref_obs[:, 0])
+    assert "sub-env 1: non-finite observation or reward at episode step 3" in capsys.readouterr().err

@@ -11,6 +11,9 @@ object layouts, drawn from the sub-env's RNG. After each reset, 15 zero-action s
 RESET_STEP); they do not count towards max_episode_steps.
 Reward: reward_coef * success (RLinf) or reward_coef * MetaWorld's shaped reward (use_dense_reward), as a change
 since the last step with use_rel_reward. Success (`info["success"]`) ends the episode unless ignore_terminations.
+A step whose simulation returns a NaN/inf observation or reward ends its episode as a termination with reward 0
+(nothing to bootstrap from), the sub-env is reset, and one line on stderr says so: one sub-env's blow-up never stops
+a run.
 episode_stats add `success_at_end` (success on the episode's last step) to `success_once` (success at any step).
 obs: the 39-dim state [B, 39] (init_params.obs_mode 'state'), or the dict `images` uint8 [B, 3, H, W] (camera 2,
 flipped as RLinf does), `task_descriptions`, `states` [B, 4] (hand position, gripper) for 'rgb'.
@@ -22,6 +25,7 @@ RLinf counterpart: `rlinf/envs/metaworld/metaworld_env.py::MetaWorldEnv`.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -98,6 +102,7 @@ class MetaWorldVectorEnv:
         self.obs_empty = torch.empty  # the env worker may set its channel's allocator (frames drawn in shared memory)
         self.final_obs_of = "none"  # the contract's final_obs (rlinf_mini/envs/__init__.py), set by the env worker
         self.final_obs = None
+        self.num_nonfinite = 0  # steps whose simulation returned NaN/inf (each ended its episode)
 
     def _reset_one(self, b: int) -> None:
         env = self.envs[b]
@@ -126,6 +131,13 @@ class MetaWorldVectorEnv:
             images[b] = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)
         return {"images": images, "task_descriptions": list(self.task_descriptions),
                 "states": state[:, :RGB_STATE_DIM].clone()}
+
+    def _report_nonfinite(self, b: int) -> None:
+        """One line on stderr per event: a sub-env whose simulation returned NaN/inf (its episode ends there)."""
+        self.num_nonfinite += 1
+        print(f"MetaWorld {self.tasks[b]} sub-env {int(self.env_ids[b])}: non-finite observation or reward at "
+              f"episode step {self.elapsed[b] + 1}; the episode ends there and the sub-env is reset "
+              f"({self.num_nonfinite} so far in this env)", file=sys.stderr, flush=True)
 
     def _obs_row(self, b: int):
         """Sub-env b's observation now (one row of _obs()): for the final observation of an episode."""
@@ -169,13 +181,17 @@ class MetaWorldVectorEnv:
                 if self.finished[b]:
                     continue
                 obs, dense, _, _, info = self.envs[b].step(env_actions[b, c])
+                broken = not (np.isfinite(obs).all() and np.isfinite(dense))
+                if broken:  # the physics blew up: end the episode there (no reward, nothing to bootstrap), reset
+                    self._report_nonfinite(b)
+                    obs, dense, info = self.state[b], 0.0, {"success": 0.0}
                 success = bool(info["success"])
                 reward = self._step_reward(b, float(dense), success)
                 self.state[b] = obs
                 self.elapsed[b] += 1
                 self.episode_return[b] += reward
                 self.success_once[b] |= success
-                terminated = success and not self.cfg.ignore_terminations
+                terminated = broken or (success and not self.cfg.ignore_terminations)
                 truncated = not terminated and self.elapsed[b] >= self.cfg.max_episode_steps
                 if not ended_in_chunk[b]:
                     rewards[b, c] = reward
