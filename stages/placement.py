@@ -39,7 +39,8 @@ classifies the layout, so `env,rollout,actor: all` reads as COLLOCATED.
 Device ids are global over the nodes (`cluster.num_nodes`: node n holds devices n*D ... n*D + D - 1; the Ray backend
 places each rank on its node). Left out: node groups (the dict form `{node_group, placement}`, robots, the `node`
 label), `PlacementMode.AUTO`, and the TP-aware `ModelParallelComponentPlacement`.
-RLinf also demands ascending device ranks across segments; we only reject duplicates.
+RLinf also demands ascending device ranks across segments; we only reject duplicates. The strings RLinf reads
+and we refuse, each for a named reason, are listed under `_parse_placement`.
 
 Next stage: `stages/sync.py`, which moves weights from actor ranks to rollout ranks placed here.
 """
@@ -52,7 +53,7 @@ from collections.abc import Callable
 
 from rlinf_mini.scheduler.placement import PlacementMode, PlacementStrategy, ProcessPlacement
 
-_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # "3" or "0-3"; no sign, so "-1" is rejected
+_RANGE = re.compile(r"([0-9]+)\s*(?:-\s*([0-9]+))?")  # "3", "0-3" or "0 - 3"; no sign, so "-1" is rejected
 
 
 class PlacementError(ValueError):
@@ -63,9 +64,21 @@ class PlacementError(ValueError):
 # Parsing one placement string
 
 
+def _python_int_range(text: str) -> bool:
+    """True where RLinf's rank parser reads `text`: each side of one '-' through Python's int()."""
+    parts = text.split("-")
+    try:
+        return len(parts) <= 2 and all(isinstance(int(part), int) for part in parts)
+    except ValueError:
+        return False
+
+
 def _parse_range(text: str, what: str, fail: Callable[[str], PlacementError]) -> list[int]:
     match = _RANGE.fullmatch(text.strip())
     if match is None:
+        if _python_int_range(text):
+            raise fail(f"{what} {text.strip()!r}: a sign, '_' or a non-ASCII digit is Python int() syntax that RLinf "
+                       "reads too; write plain digits 0-9")
         raise fail(f"{what} {text.strip()!r} is not an int or an inclusive range 'a-b'")
     start = int(match[1])
     end = start if match[2] is None else int(match[2])
@@ -75,7 +88,19 @@ def _parse_range(text: str, what: str, fail: Callable[[str], PlacementError]) ->
 
 
 def _parse_placement(key: str, value: str, num_devices: int) -> list[tuple[int, ...]]:
-    """One placement string -> the device ids of each process, indexed by process rank."""
+    """One placement string -> the device ids of each process, indexed by process rank.
+
+    As RLinf 0.3.0 (`rlinf/scheduler/placement/placement.py::_parse_rank_map`, `rlinf/scheduler/cluster/utils.py::
+    parse_rank_config`): an int from YAML is its digits (placement.py:327); empty segments are skipped ('0-3,',
+    placement.py:448); 'all' in any case (utils.py:480); spaces inside a range ('0 - 3', int() strips them). Refused,
+    each a quirk RLinf accepts:
+    - no segment at all ('', ','): RLinf places the component on no process (world size 0, placement.py:414);
+    - process ranks of the first segment not from 0 ('0-3:1-4'): RLinf checks contiguity only from the second
+      segment on (placement.py:506), so a group of 4 processes would hold rank 4;
+    - '+3', '1_0', non-ASCII digits: RLinf reads ranks with Python's int() (utils.py:496), which takes them;
+    - YAML 1.1 numbers: unquoted `1:0` is base 60 (OmegaConf reads 60, RLinf places device 60) and `010` octal (8):
+      the loader refuses both by name (rlinf_mini/config/yaml_tree.py).
+    """
 
     def fail(problem: str) -> PlacementError:
         return PlacementError(f"cluster.component_placement.{key}: {problem} (in {value!r})")
@@ -86,12 +111,14 @@ def _parse_placement(key: str, value: str, num_devices: int) -> list[tuple[int, 
     process_devices: list[tuple[int, ...]] = []
     used: set[int] = set()
     for segment in text.split(","):
+        if not segment.strip():
+            continue  # '0-3,' or '0,,1': RLinf skips an empty segment
         device_text, has_processes, process_text = segment.partition(":")
         if not device_text.strip():
-            raise fail(f"empty segment {segment!r}")
+            raise fail(f"empty device ranks in segment {segment.strip()!r}")
         if ":" in process_text:
             raise fail(f"segment {segment.strip()!r} has more than one ':'")
-        if device_text.strip() == "all":
+        if device_text.strip().lower() == "all":
             devices = list(range(num_devices))
         else:
             devices = _parse_range(device_text, "device ranks", fail)
@@ -122,6 +149,8 @@ def _parse_placement(key: str, value: str, num_devices: int) -> list[tuple[int, 
         else:  # each process owns a consecutive run of devices
             per_process = n_devices // n_processes
             process_devices += [tuple(devices[i * per_process : (i + 1) * per_process]) for i in range(n_processes)]
+    if not process_devices:
+        raise fail("no segment: the component would run on no process; expected e.g. 'all', '0', '0-3'")
     return process_devices
 
 

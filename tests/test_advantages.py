@@ -265,6 +265,143 @@ def test_reinpp_baseline_works_where_rlinf_030_raises():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Held-out oracle: RLinf 0.3.0's whole embodied path, as a plain loop of its rules (not its code): the env's dones
+# padded to [T+1, B] with row 0 the bootstrap step's zeros (rlinf/workers/env/env_worker.py::bootstrap_step), read
+# at t+1; the loss mask of rlinf/utils/metric_utils.py::compute_loss_mask (built only when env.train.auto_reset and
+# ignore_terminations are off); calculate_scores; the actor passing neither normalize key
+# (rlinf/workers/actor/fsdp_actor_worker.py:1241), so advantages are always whitened and returns never.
+
+
+def rlinf_padded_dones(dones):
+    d = [[bool(x) for x in row] for row in dones.tolist()]
+    return [[False] * len(d[0])] + d  # [T+1][B]
+
+
+def rlinf_loss_mask(dones):
+    """compute_loss_mask: cumsum over the padded dones == 0, its last row dropped."""
+    pd = rlinf_padded_dones(dones)
+    T, B = len(pd) - 1, len(pd[0])
+    mask = [[False] * B for _ in range(T)]
+    for b in range(B):
+        total = 0
+        for t in range(T):
+            total += pd[t][b]
+            mask[t][b] = total == 0
+    return mask
+
+
+def rlinf_grpo(rewards, dones, group_size):
+    r, pd, mask = rewards.tolist(), rlinf_padded_dones(dones), rlinf_loss_mask(dones)
+    T, B = len(r), len(r[0])
+    scores = [0.0] * B
+    for t in reversed(range(T)):  # calculate_scores
+        scores = [(0.0 if pd[t + 1][b] else scores[b]) + r[t][b] for b in range(B)]
+    adv = [[0.0] * B for _ in range(T)]
+    for b in range(B):
+        group = scores[b // group_size * group_size:(b // group_size + 1) * group_size]
+        a = (scores[b] - statistics.mean(group)) / (statistics.stdev(group) + 1e-6)
+        for t in range(T):
+            adv[t][b] = a * mask[t][b]
+    return adv, mask
+
+
+def rlinf_gae(rewards, values, dones, gamma, gae_lambda, mask):
+    r, pd = rewards.tolist(), rlinf_padded_dones(dones)
+    v = values.tolist() if values is not None else None
+    T, B = len(r), len(r[0])
+    if v is None:
+        gamma, gae_lambda = 1.0, 1.0
+    ret = [[0.0] * B for _ in range(T)]
+    for b in range(B):
+        gae = 0.0
+        for t in reversed(range(T)):
+            alive = 0.0 if pd[t + 1][b] else 1.0
+            delta = r[t][b] if v is None else r[t][b] + gamma * v[t + 1][b] * alive - v[t][b]
+            gae = delta + gamma * gae_lambda * alive * gae
+            ret[t][b] = gae if v is None else gae + v[t][b]
+    adv = [[ret[t][b] - (v[t][b] if v is not None else 0.0) for b in range(B)] for t in range(T)]
+    valid = [adv[t][b] for t in range(T) for b in range(B) if mask is None or mask[t][b]]
+    mean, std = statistics.mean(valid), statistics.stdev(valid)
+    return [[(x - mean) / (std + 1e-5) for x in row] for row in adv], ret  # advantages whitened, returns not
+
+
+def held_out_dones(T: int, B: int, seed: int):
+    """Dones with the cases that differed: an env done at step 0, one done twice, one done at the last step only,
+    one never done; the rest random."""
+    dones = torch.rand(T, B, generator=torch.Generator().manual_seed(100 + seed)) < 0.25
+    dones[:, 0] = False
+    dones[0, 0] = True  # done at the first step: one step of loss mask
+    dones[:, 1] = False
+    dones[2, 1] = dones[T - 2, 1] = True  # two episodes: the second is not scored
+    dones[:, 2] = False
+    dones[T - 1, 2] = True  # done at the last step
+    dones[:, 3] = False  # never done
+    return dones
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize(("B", "G"), [(8, 2), (8, 4), (12, 3)])
+def test_grpo_after_the_first_done_equals_rlinf(seed, B, G):
+    T = 9
+    rewards, _, _ = make_rollout(seed + 50, T, B, dtype=torch.float64)
+    dones = held_out_dones(T, B, seed)
+    last = slice(B - G, B)  # the last group: equal scores (std 0, so advantage 0), rewards after the done differ
+    dones[:, last], rewards[:, last] = False, 0.0
+    dones[4, last], rewards[1, last] = True, 1.0
+    rewards[6:, last] = torch.arange(G, dtype=torch.float64)  # after the first done: not scored
+    out = calculate_adv_and_returns(AlgorithmConfig(adv_type="grpo", group_size=G), rewards, None, dones)
+    ref_adv, ref_mask = rlinf_grpo(rewards, dones, G)
+    assert out["loss_mask"].tolist() == ref_mask
+    assert close(out["advantages"], ref_adv)
+    assert torch.equal(out["advantages"][:, last], torch.zeros(T, G, dtype=torch.float64))
+    assert not out["loss_mask"][1:, 0].any() and out["loss_mask"][:, 3].all()  # done at step 0; never done
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize("auto_reset", [False, True])
+@pytest.mark.parametrize("value_head", [False, True])
+def test_gae_equals_rlinf_with_its_loss_mask(seed, auto_reset, value_head):
+    T, B = 9, 6
+    rewards, values, _ = make_rollout(seed + 60, T, B, dtype=torch.float64)
+    values = values if value_head else None
+    dones = held_out_dones(T, B, seed)
+    mask = None if auto_reset else rlinf_loss_mask(dones)
+    ours_mask = None if auto_reset else first_episode_mask(dones)  # what the actor passes (stages/train.py)
+    cfg = AlgorithmConfig(adv_type="gae", gamma=0.93, gae_lambda=0.9)  # normalize_returns: false, the only value
+    out = calculate_adv_and_returns(cfg, rewards, values, dones, loss_mask=ours_mask)
+    ref_adv, ref_ret = rlinf_gae(rewards, values, dones, 0.93, 0.9, mask)
+    assert close(out["advantages"], ref_adv) and close(out["returns"], ref_ret)
+    if mask is not None:
+        assert out["loss_mask"].tolist() == mask
+
+
+def test_normalize_returns_and_grpo_with_auto_reset_are_refused_by_name(tmp_path):
+    """RLinf never whitens returns (the key is read nowhere) and builds GRPO's loss mask only without auto_reset or
+    ignore_terminations (it fails without one): both refused, naming the key."""
+    from rlinf_mini.config import ConfigError, load_config
+
+    cases = [
+        ("algorithm:\n  normalize_returns: true\n", "algorithm.normalize_returns"),
+        ("algorithm:\n  adv_type: grpo\n  loss_type: actor\n  group_size: 2\nactor:\n  model:\n"
+         "    add_value_head: false\nenv:\n  train:\n    group_size: 2\n    auto_reset: true\n",
+         "env.train.auto_reset"),
+        ("algorithm:\n  adv_type: grpo\n  loss_type: actor\n  group_size: 2\nactor:\n  model:\n"
+         "    add_value_head: false\nenv:\n  train:\n    group_size: 2\n    auto_reset: false\n"
+         "    ignore_terminations: true\n", "env.train.ignore_terminations"),
+        ("env:\n  train:\n    auto_reset: false\n    ignore_terminations: true\n    max_episode_steps: 8\n"
+         "    max_steps_per_rollout_epoch: 16\n", "env.train.max_steps_per_rollout_epoch"),
+    ]
+    for text, key in cases:
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as info:
+            load_config(["--config", str(path)])
+        assert "\n" not in str(info.value) and "RLinf" in str(info.value)
+    path.write_text(cases[1][0].replace("auto_reset: true", "auto_reset: false"))
+    assert load_config(["--config", str(path)]).algorithm.adv_type == "grpo"  # RLinf's GRPO setting loads
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Invariants: GAE
 
 

@@ -115,7 +115,7 @@ def corpus() -> list[Bad]:
     cases.append(Bad("cosine_without_total", [], "actor.optim.total_training_steps",  # it decays over nothing
                      sections={"actor": {"optim": {"lr_scheduler": "cosine"}}}))
     # 4. placement strings and devices
-    for i, bad in enumerate(["0-", "-1", "a", "3-1", "0,,1", "0-1-2", "0:", ":0", "0-1:", "1.5", "0 1", "all-1",
+    for i, bad in enumerate(["0-", "-1", "a", "3-1", ",", "0-1-2", "0:", ":0", "0-1:", "1.5", "0 1", "all-1",
                              "0:0-", "0-1:a", "0x1", "", "0-1:3-1", "#"]):
         placement = {"env": 0, "rollout": 1, "actor": bad}
         cases.append(Bad(f"placement:{i}", [], "cluster.component_placement.actor",

@@ -1,5 +1,7 @@
 """Stage 1: placement strings -> devices per rank, the mode, and one-line errors that name the key."""
 
+import re
+
 import pytest
 
 from stages.placement import (
@@ -48,6 +50,113 @@ def test_grammar(value, num_devices, expected):
 
 def test_int_value_from_yaml_is_accepted():
     assert rank_devices(0) == [(0,)]  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Oracle: RLinf 0.3.0's parser, written out as a plain loop from rlinf/scheduler/placement/placement.py::_parse_rank_map
+# and rlinf/scheduler/cluster/utils.py::parse_rank_config (their rules, not their code)
+
+
+def rlinf_process_devices(value, num_devices: int) -> list[tuple[int, ...]]:
+    """The devices of each process rank as RLinf reads a placement value; AssertionError/ValueError where it fails."""
+
+    def ranks(text, available):
+        text = str(text)
+        if text.lower() == "all":
+            assert available is not None
+            return list(range(available))
+        out = set()
+        for part in text.split(","):
+            if part.strip() == "":
+                continue
+            ends = part.strip().split("-")
+            if len(ends) not in (1, 2):
+                raise ValueError(part)
+            start, end = int(ends[0]), int(ends[-1])  # Python's int(): strips spaces, takes '+3' and '1_0'
+            assert end >= start
+            if available is not None:
+                assert 0 <= start <= end <= available - 1
+            out.update(range(start, end + 1))
+        return sorted(out)
+
+    devices_of: dict[int, tuple[int, ...]] = {}
+    seen_devices: list[int] = []
+    seen_processes: list[int] = []
+    for part in str(value).strip().split(","):
+        part = part.strip()
+        if part == "":
+            continue
+        sides = part.split(":")
+        assert 1 <= len(sides) <= 2
+        devices = ranks(sides[0].strip(), num_devices)
+        assert devices and set(devices).isdisjoint(seen_devices)
+        assert not seen_devices or devices[0] > seen_devices[-1]  # ascending over segments
+        seen_devices += devices
+        if len(sides) == 2:
+            assert sides[1].strip() != "all"
+            processes = ranks(sides[1].strip(), None)
+        else:
+            start = max(seen_processes) + 1 if seen_processes else 0
+            processes = list(range(start, start + len(devices)))
+        assert processes and set(processes).isdisjoint(seen_processes)
+        assert not seen_processes or processes[0] == seen_processes[-1] + 1  # not checked for the first segment
+        assert processes == list(range(processes[0], processes[0] + len(processes)))
+        seen_processes += processes
+        assert len(processes) % len(devices) == 0 or len(devices) % len(processes) == 0
+        if len(devices) >= len(processes):
+            per = len(devices) // len(processes)
+            for i, p in enumerate(processes):
+                devices_of[p] = tuple(devices[i * per:(i + 1) * per])
+        else:
+            per = len(processes) // len(devices)
+            for i, p in enumerate(processes):
+                devices_of[p] = (devices[i // per],)
+    return [devices_of[p] for p in sorted(devices_of)]
+
+
+HELD_OUT = [  # strings RLinf users write, several of which rlinf_mini refused before
+    ("all", 4), (0, 8), (5, 8), ("1", 8), ("0-7", 8), ("4-7", 8), ("0-3:0-7", 4), ("0-3:0-1", 4), ("0:0-3", 2),
+    ("0-1:0-3,2-3", 4), ("0-1,2-5:2-3", 8), ("0,2,4-5", 8), ("ALL", 4), ("All:0-7", 4), ("0 - 3", 8),
+    ("0- 3 : 0 -7", 4), ("0-3,", 4), ("0,,1", 4), (" 2 , 3 ", 4), ("00-03", 4), ("0-1:00-03", 2),
+]
+
+
+@pytest.mark.parametrize(("value", "num_devices"), HELD_OUT, ids=[repr(v) for v, _ in HELD_OUT])
+def test_rlinf_placement_strings_place_every_rank_where_rlinf_does(value, num_devices):
+    assert rank_devices(value, num_devices) == rlinf_process_devices(value, num_devices)
+
+
+QUIRKS = [  # RLinf accepts these; each is refused by name (the reasons: stages/placement.py::_parse_placement)
+    ("", "empty placement"),  # RLinf: a component with no process
+    (",", "no segment"),
+    ("0-3:1-4", "must start at 0"),  # RLinf: processes 1-4, a group of 4 holding rank 4
+    ("+3", "Python int() syntax"),
+    ("1_0", "Python int() syntax"),
+    ("0-+3", "Python int() syntax"),
+    ("\u0663", "Python int() syntax"),  # an Arabic-Indic 3
+]
+
+
+@pytest.mark.parametrize(("value", "fragment"), QUIRKS, ids=[repr(v) for v, _ in QUIRKS])
+def test_rlinf_quirks_are_refused_by_name(value, fragment):
+    rlinf_process_devices(value, 16)  # RLinf takes it (without an error)
+    with pytest.raises(PlacementError, match=re.escape(fragment)):
+        ComponentPlacement({"actor": value}, 16)
+
+
+def test_yaml_int_forms_read_as_rlinf_reads_them(tmp_path):
+    """YAML ints are their digits, as in RLinf (placement.py:327 str()s them); base 60 and octal are refused."""
+    from rlinf_mini.config import ConfigError, load_config
+
+    for text, devices in (("0", [(0,)]), ("3", [(3,)]), ("+1", [(1,)]), ("0x2", [(2,)]), ("0-1", [(0,), (1,)])):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"cluster:\n  num_devices: 4\n  component_placement:\n    actor: {text}\n    env,rollout: 0\n")
+        placed = load_config(["--config", str(path)]).cluster.component_placement["actor"]
+        assert rank_devices(placed, 4) == devices
+    for text, why in (("1:0", "base-60"), ("010", "octal")):  # OmegaConf: 60 and 8; RLinf places devices 60 and 8
+        path.write_text(f"cluster:\n  num_devices: 4\n  component_placement:\n    actor: {text}\n    env,rollout: 0\n")
+        with pytest.raises(ConfigError, match=why):
+            load_config(["--config", str(path)])
 
 
 def test_strategy_dataclasses():
@@ -145,9 +254,9 @@ def assert_one_line_error(config, num_devices, *fragments):
         ("0-", "'0-'"),
         ("a-b", "'a-b'"),
         ("3-1", "ends before it starts"),
-        ("1,,2", "empty segment"),
+        (",", "no segment"),
+        (":0-3", "empty device ranks"),
         ("-1", "'-1'"),
-        ("0,", "empty segment"),
         ("0:1:2", "more than one ':'"),
         ("0-3:", "process ranks ''"),
         ("0-3:all", "process ranks 'all'"),

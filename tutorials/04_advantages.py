@@ -21,8 +21,8 @@
 #   and a score is normalized by its group's mean and std. Every step of the episode gets that advantage.
 # - **Reinforce++**: the score sits at the first episode's last step and is summed backwards (minus an optional
 #   per-step KL penalty), then whitened over the first episodes' steps.
-# - **Whitening** (`normalize_advantages`, `normalize_returns`): RLinf's `safe_normalize`, (x − mean) / (std + 1e-5)
-#   with the unbiased std of the loss-masked entries, applied to every entry.
+# - **Whitening** (`normalize_advantages`): RLinf's `safe_normalize`, (x − mean) / (std + 1e-5) with the unbiased
+#   std of the loss-masked entries, applied to every entry (`normalize_returns` must stay false, as RLinf runs).
 #
 # GAE as pseudocode (one env column; T chunk steps; Spinning Up style):
 #

@@ -137,6 +137,10 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("env.train.group_size", f"{cfg.env.train.group_size} != algorithm.group_size={cfg.algorithm.group_size}")
     if cfg.algorithm.adv_type == "grpo" and cfg.algorithm.group_size < 2:
         fail("algorithm.group_size", f"GRPO normalizes within groups: needs >= 2, got {cfg.algorithm.group_size}")
+    if cfg.algorithm.normalize_returns:
+        fail("algorithm.normalize_returns", "RLinf reads this key nowhere and never whitens returns (its actor "
+                                            "does not pass it); set it false")
+    check_first_episode_mask(cfg, source)
     if cfg.algorithm.loss_type == "actor_critic" and not cfg.actor.model.add_value_head:
         fail("algorithm.loss_type", "'actor_critic' needs actor.model.add_value_head: true")
     if cfg.actor.model.normalize_obs and cfg.actor.model.model_type != "mlp_policy":
@@ -178,6 +182,27 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("actor.model.n_action_bins", f"must be >= 2, got {cfg.actor.model.n_action_bins}")
     if cfg.runner.task_type == "reasoning":
         validate_reasoning_config(cfg, source)
+
+
+def check_first_episode_mask(cfg: TrainConfig, source: str) -> None:
+    """Embodied runs whose loss mask RLinf 0.3.0 would not build: it masks the steps after each env's first done only
+    when env.train.auto_reset and ignore_terminations are both off (rlinf/workers/actor/fsdp_actor_worker.py:1169).
+    Without that mask its GRPO fails (rlinf/algorithms/advantages.py:119, zeros_like(None)), and its GAE trains the
+    steps after an episode that ignore_terminations ended by truncation; both are refused here, by key."""
+    train = cfg.env.train
+    if cfg.runner.task_type != "embodied":
+        return
+    if cfg.algorithm.adv_type == "grpo":
+        for key in ("auto_reset", "ignore_terminations"):
+            if getattr(train, key):
+                raise ConfigError(f"{source}: env.train.{key}: GRPO scores each env's first episode against its "
+                                  f"group's and RLinf masks the later steps only with auto_reset and "
+                                  f"ignore_terminations off; set it false")
+    elif train.ignore_terminations and not train.auto_reset and \
+            train.max_steps_per_rollout_epoch > train.max_episode_steps:
+        raise ConfigError(f"{source}: env.train.max_steps_per_rollout_epoch: {train.max_steps_per_rollout_epoch} > "
+                          f"max_episode_steps={train.max_episode_steps} with ignore_terminations and no auto_reset: "
+                          f"RLinf trains the steps after the episode (no loss mask); make them equal or auto_reset")
 
 
 def check_precision(cfg: TrainConfig, num_gpus: int, source: str) -> None:

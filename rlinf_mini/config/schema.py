@@ -125,9 +125,14 @@ class AlgorithmConfig:
     normalize_advantages: bool = True
     """GAE: whiten advantages with RLinf's safe_normalize ((A - mean) / (unbiased std + 1e-5), statistics over the
     loss mask, applied to every entry). Differs on purpose: the statistics are over every actor rank (RLinf: per
-    rank), and the key is read (RLinf 0.3.0's embodied actor always whitens)."""
+    rank), and the key is read (RLinf 0.3.0's embodied actor always whitens: rlinf/workers/actor/
+    fsdp_actor_worker.py:1241 does not pass it, so compute_gae_advantages_and_returns keeps its default True; its
+    reasoning actor reads the key)."""
     normalize_returns: bool = False
-    """GAE: whiten the returns (the value head's target) the same way."""
+    """GAE: whiten the returns (the value head's target) the same way. Only false is accepted: RLinf 0.3.0 reads
+    the key nowhere (rlinf/workers/actor/fsdp_actor_worker.py:1241 does not pass it to
+    rlinf/algorithms/advantages.py:31, whose default is False), so RLinf never whitens returns; and whitened
+    targets would teach the value head a scale that the next GAE adds to raw rewards."""
     use_reinpp_baseline: bool = False
     """Reinforce++: subtract the group mean of the first-episode scores before placing them (RLinf 0.3.0 fails on
     this; here it does what its comment says)."""
