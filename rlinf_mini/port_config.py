@@ -66,14 +66,11 @@ IGNORED: list[tuple[str, str]] = [
     ("actor.*sft*", "no offline data or SFT co-training"),
     ("algorithm.reward_coef", "left out: rewards are used as the env returns them (no scaling)"),
     ("algorithm.clip_log_ratio_*", "left out: no log-ratio clamp (RLinf passes it for GR00T models only)"),
-    ("algorithm.behave_weight_threshold", "the decoupled (async) PPO loss is left out"),
-    ("algorithm.staleness_threshold", "left out: async rollouts; staleness is logged (rollout/staleness), not bounded"),
     ("algorithm.use_fixed_reset_state_ids", "rlinf_mini reads env.*.use_fixed_reset_state_ids"),
     ("algorithm.sampling_params.*", "left out: training samples at rollout.sampling_params.temperature_train"),
     ("algorithm.*", "belongs to an algorithm rlinf_mini leaves out (SAC, CrossQ, IQL, DAgger, NFT, DPO: replay / "
                     "demo buffers, target networks, entropy tuning)"),
     ("cluster.node_groups", "one kind of node: devices are cluster.num_devices (per node: cluster.num_nodes)"),
-    ("rollout.recompute_logprobs", "the actor always recomputes log-probs in the update (old ones from the rollout)"),
     ("rollout.collect_*", "left out: transitions for off-policy replay"),
     ("rollout.expert_model.*", "left out: DAgger's expert"),
     ("rollout.model.*", "the rollout runs the actor's model (weights synced each step); no model of its own"),
@@ -212,7 +209,8 @@ class Port:
                               f"{algo.get('loss_type')!r}: rlinf_mini has on-policy PPO, GRPO and Reinforce++ only "
                               f"(adv_type {', '.join(SUPPORTED_ADV)}; loss_type {', '.join(SUPPORTED_LOSS)})")
         if algo.get("loss_type") == "decoupled_actor_critic":
-            self._replace("algorithm.loss_type", "actor_critic", "the decoupled (async) PPO loss is left out")
+            self._replace("algorithm.loss_type", "actor_critic", "asynchronous PPO's runner is not yet implemented "
+                                                                 "(docs/async_ppo.md): the synchronous one runs")
         model_type = self._get("actor.model.model_type") or "mlp_policy"
         image = IMAGE_MODELS.get(model_type, True)
         if model_type not in ("mlp_policy", "tiny_vla"):

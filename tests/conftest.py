@@ -228,7 +228,8 @@ LONGEST_FIRST = ["test_faults.py",  # ~70 s: 15 training runs, 3 at a time
 UNIT_FILES = {"test_advantages.py", "test_losses.py", "test_placement.py", "test_pipeline.py", "test_models.py",
               "test_config.py", "test_config_load.py", "test_envs.py", "test_vla.py", "test_reasoning.py",
               "test_reasoning_data.py", "test_reasoning_generation.py", "test_reasoning_verifier.py",
-              "test_port_config.py", "test_tracer.py", "test_channel.py", "test_grpo_options.py"}
+              "test_port_config.py", "test_tracer.py", "test_channel.py", "test_grpo_options.py",
+              "test_decoupled_loss.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the test ids

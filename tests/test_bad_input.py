@@ -110,7 +110,10 @@ def corpus() -> list[Bad]:
     for path, value in [("algorithm.gamma", 1.5), ("algorithm.gae_lambda", 2.0), ("actor.optim.adam_beta1", 1.0),
                         ("actor.optim.adam_beta2", -0.1), ("algorithm.clip_ratio_low", 1.5),
                         ("actor.optim.lr_warmup_steps", -2), ("actor.optim.lr_warmup_steps_ratio", 1.0),
-                        ("actor.optim.min_lr", -1e-4), ("actor.optim.min_lr_rate", 1.5)]:
+                        ("actor.optim.min_lr", -1e-4), ("actor.optim.min_lr_rate", 1.5),
+                        ("algorithm.staleness_threshold", -1), ("algorithm.behave_weight_threshold", 0.5),
+                        ("algorithm.rollout_store_size_per_rank", 0), ("algorithm.on_policy_min_ratio", 1.5),
+                        ("algorithm.on_policy_min_ratio", -0.1)]:
         cases.append(Bad(f"range:{path}={value}", [], path, sections=_nested(path, value)))
     cases.append(Bad("cosine_without_total", [], "actor.optim.total_training_steps",  # it decays over nothing
                      sections={"actor": {"optim": {"lr_scheduler": "cosine"}}}))

@@ -213,6 +213,28 @@ def test_shipped_config_round_trips_and_is_valid(tmp_path, config, in_users_chec
     RunPlan(cfg, str(config))  # placement, batch arithmetic, env spec, model: everything but starting workers
 
 
+def test_async_ppo_keys_have_rlinfs_defaults_and_read_rlinfs_values(tmp_path):
+    """RLinf's defaults (the .get() fallbacks of its async runner, actor and rollout); its example values load and
+    round-trip; validated with the synchronous loss, since the decoupled one's runner is not there yet."""
+    cfg = TrainConfig()
+    assert (cfg.algorithm.staleness_threshold, cfg.algorithm.behave_weight_threshold,
+            cfg.algorithm.rollout_store_size_per_rank, cfg.algorithm.on_policy_min_ratio) == (None, None, 1, 0.0)
+    assert (cfg.rollout.recompute_logprobs, cfg.actor.sync_weight_no_wait) == (False, False)
+    file = write_yaml(tmp_path, "algorithm: {staleness_threshold: 1, behave_weight_threshold: 2, "
+                                "rollout_store_size_per_rank: 2, on_policy_min_ratio: 0.1}\n"
+                                "rollout: {recompute_logprobs: true}\nactor: {sync_weight_no_wait: true}\n")
+    cfg = config_from_yaml(file)
+    assert (cfg.algorithm.staleness_threshold, cfg.algorithm.behave_weight_threshold) == (1, 2.0)
+    assert cfg.rollout.recompute_logprobs and cfg.actor.sync_weight_no_wait
+    validate_config(cfg, file)
+    save_config(cfg, tmp_path / "out.yaml")
+    assert config_from_yaml(tmp_path / "out.yaml") == cfg
+    cfg.algorithm.loss_type = "decoupled_actor_critic"
+    with pytest.raises(ConfigError, match="^[^\n]*algorithm.loss_type: 'decoupled_actor_critic' .* not yet "
+                                          "implemented[^\n]*$"):
+        validate_config(cfg, file)
+
+
 def test_round_trip_keeps_command_line_overrides(tmp_path):
     cfg = load_config(["--config", str(CONFIGS[0]), "--actor.optim.lr", "0.1", "--runner.resume-dir", "auto",
                        "--runner.logger.logger-backends"])
@@ -415,6 +437,8 @@ BAD_YAML = {  # id -> (sections merged into embodied.yaml, a string the error mu
                                "runner.logger.logger_backends"),
     "group_size_mismatch": ({"algorithm": {"group_size": 2}}, "env.train.group_size"),
     "grpo_group_of_one": ({"algorithm": {"adv_type": "grpo", "loss_type": "actor"}}, "algorithm.group_size"),
+    "decoupled_not_yet": ({"algorithm": {"loss_type": "decoupled_actor_critic", "staleness_threshold": 1}},
+                          "algorithm.loss_type: 'decoupled_actor_critic' (asynchronous PPO) is not yet implemented"),
 }
 
 

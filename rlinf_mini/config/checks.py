@@ -141,8 +141,9 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
         fail("algorithm.normalize_returns", "RLinf reads this key nowhere and never whitens returns (its actor "
                                             "does not pass it); set it false")
     check_first_episode_mask(cfg, source)
-    if cfg.algorithm.loss_type == "actor_critic" and not cfg.actor.model.add_value_head:
-        fail("algorithm.loss_type", "'actor_critic' needs actor.model.add_value_head: true")
+    if cfg.algorithm.loss_type in ("actor_critic", "decoupled_actor_critic") and not cfg.actor.model.add_value_head:
+        fail("algorithm.loss_type", f"{cfg.algorithm.loss_type!r} needs actor.model.add_value_head: true")
+    check_async_ppo(cfg, source)
     if cfg.actor.model.normalize_obs and cfg.actor.model.model_type != "mlp_policy":
         fail("actor.model.normalize_obs", f"normalises state vectors: model_type 'mlp_policy' only, got "
                                           f"{cfg.actor.model.model_type!r}")
@@ -203,6 +204,30 @@ def check_first_episode_mask(cfg: TrainConfig, source: str) -> None:
         raise ConfigError(f"{source}: env.train.max_steps_per_rollout_epoch: {train.max_steps_per_rollout_epoch} > "
                           f"max_episode_steps={train.max_episode_steps} with ignore_terminations and no auto_reset: "
                           f"RLinf trains the steps after the episode (no loss mask); make them equal or auto_reset")
+
+
+def check_async_ppo(cfg: TrainConfig, source: str) -> None:
+    """The asynchronous PPO keys (RLinf's async_ppo_embodied_runner; docs/async_ppo.md): their ranges, and the
+    decoupled loss's runner, which is not there yet."""
+    algo = cfg.algorithm
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{source}: {key}: {msg}")
+
+    if algo.staleness_threshold is not None and algo.staleness_threshold < 0:
+        fail("algorithm.staleness_threshold", f"must be >= 0 (weight versions; null: no bound), got "
+                                              f"{algo.staleness_threshold}")
+    if algo.behave_weight_threshold is not None and algo.behave_weight_threshold < 1:
+        fail("algorithm.behave_weight_threshold", f"must be >= 1 (an on-policy sample's weight is 1; null: no "
+                                                  f"masking), got {algo.behave_weight_threshold}")
+    if algo.rollout_store_size_per_rank < 1:
+        fail("algorithm.rollout_store_size_per_rank", f"must be positive, got {algo.rollout_store_size_per_rank}")
+    if not 0 <= algo.on_policy_min_ratio <= 1:
+        fail("algorithm.on_policy_min_ratio", f"must be in [0, 1] (a share of samples), got {algo.on_policy_min_ratio}")
+    if algo.loss_type == "decoupled_actor_critic":
+        fail("algorithm.loss_type", "'decoupled_actor_critic' (asynchronous PPO) is not yet implemented: its loss is "
+                                    "stages/losses.py's compute_decoupled_ppo_actor_loss, its async runner is not "
+                                    "there yet; use 'actor_critic'")
 
 
 def check_precision(cfg: TrainConfig, num_gpus: int, source: str) -> None:

@@ -107,8 +107,11 @@ class AlgorithmConfig:
     adv_type: Literal["gae", "grpo", "reinpp"] = "gae"
     """Advantage estimator: 'gae' (critic-free when actor.model.add_value_head is false), 'grpo' (group-normalized
     first-episode scores), 'reinpp' (Reinforce++: the score at the episode's end, summed back, whitened)."""
-    loss_type: Literal["actor_critic", "actor"] = "actor_critic"
-    """'actor_critic' = PPO policy loss + clipped Huber value loss; 'actor' = policy loss only (GRPO, Reinforce++)."""
+    loss_type: Literal["actor_critic", "actor", "decoupled_actor_critic"] = "actor_critic"
+    """'actor_critic' = PPO policy loss + clipped Huber value loss; 'actor' = policy loss only (GRPO, Reinforce++);
+    'decoupled_actor_critic' = asynchronous PPO's loss (AReaL's decoupled PPO: clipped against a proximal policy,
+    weighted by proximal / behaviour; docs/async_ppo.md) + the value loss. Its async runner is not yet implemented:
+    selecting it is refused before any worker starts."""
     gamma: float = 1.0
     """Discount factor of GAE (RLinf's default 1; Reinforce++ and GRPO never discount, as in RLinf)."""
     gae_lambda: float = 1.0
@@ -164,6 +167,21 @@ class AlgorithmConfig:
     """rlinf_mini: weight of the value loss in the total loss (1 = RLinf's actor_loss + critic_loss)."""
     entropy_bonus: float = 0.0
     """Weight of the entropy term subtracted from the loss."""
+    # --- asynchronous PPO (loss_type: decoupled_actor_critic; docs/async_ppo.md) ------------------------------------
+    staleness_threshold: int | None = None
+    """Async PPO: how many weight versions a sample may lag the actor. The rollout waits while it is more than this
+    many versions ahead of the actor; the actor drops trajectories whose oldest sample is older than its version
+    minus this. null (RLinf's default): no bound (RLinf's actor then fails on the subtraction; its async examples
+    set 1 or 2)."""
+    behave_weight_threshold: float | None = None
+    """Async PPO: samples whose behaviour importance weight pi_prox / pi_behav exceeds this leave the policy loss
+    (logged as actor/behav_clip_fraction); null (RLinf's default): none leave. RLinf's examples: 2.0 to 5."""
+    rollout_store_size_per_rank: int = 1
+    """Async PPO: each actor rank trains once its store holds this many trajectories (one rollout epoch of one
+    rollout rank's share each), the freshest kept by (oldest version, mean version); RLinf's default 1."""
+    on_policy_min_ratio: float = 0.0
+    """Async PPO: train only when at least this share of the store's samples carry the actor's current version
+    (RLinf's default 0: any mix)."""
     # --- reasoning (runner.task_type: reasoning) -------------------------------------------------------------------
     sampling_params: ReasoningSamplingParams = field(default_factory=ReasoningSamplingParams)
     """Reasoning: how the rollout samples responses."""
@@ -234,6 +252,11 @@ class RolloutConfig:
     """The rollout's copy of the policy."""
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     """How the rollout samples action tokens (tiny_vla)."""
+    recompute_logprobs: bool = False
+    """Async PPO (loss_type decoupled_actor_critic): the actor recomputes the proximal log-probs with a forward
+    before its update (RLinf's docs call it the stable choice); false (RLinf's default): they are interpolated
+    between the behaviour and current log-probs by weight version. The synchronous runner does not read it (its
+    update always recomputes the current log-probs; the old ones are the rollout's)."""
 
 
 @dataclass
@@ -322,6 +345,10 @@ class ActorConfig:
     """Seed of the model's initialization and the minibatch shuffle."""
     skip_nonfinite: bool = False
     """rlinf_mini: on a NaN/inf loss or gradient, skip that optimizer step (and log it) instead of stopping the run."""
+    sync_weight_no_wait: bool = False
+    """Async runs: the runner hands new weights over without waiting for the rollout to take them; the rollout
+    applies them in the background between its rollout epochs, requests that pile up merged into one (RLinf's default
+    false: each sync is waited for; RLinf's async PPO runner waits either way, its async SAC runner reads it)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
     optim: OptimConfig = field(default_factory=OptimConfig)
