@@ -18,6 +18,7 @@ import json
 import os
 import pkgutil
 import re
+import sys
 import tempfile
 import traceback
 from pathlib import Path
@@ -288,6 +289,14 @@ def simulator_missing(tmp: Path) -> str:
     return text
 
 
+def metaworld_missing(tmp: Path) -> str:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "metaworld", None)  # as in a venv without the extra
+        code, text = printed_by_main(["--config", "configs/metaworld_push.yaml"])
+    assert code == 2, text
+    return text
+
+
 def not_a_checkpoint(tmp: Path) -> str:
     (tmp / "nothing_here").mkdir()
     return config_error(f"runner.resume_dir={tmp / 'nothing_here'}", tmp=tmp)
@@ -341,6 +350,7 @@ TRIGGERS = {  # the page's entry titles -> what makes its message happen; return
     "The run folder already holds a run": run_folder_refused,
     "Resuming from a folder that is not a checkpoint": not_a_checkpoint,
     "A simulator that is not installed": simulator_missing,
+    "MetaWorld is not installed": metaworld_missing,
     "An env id that does not exist": lambda tmp: config_error("env.train.env_type=gymnasium",
                                                               "env.train.init_params.id=NoSuchEnv-v0", tmp=tmp),
     "bf16 on a machine without a GPU": lambda tmp: config_error("actor.model.precision=bf16", tmp=tmp),

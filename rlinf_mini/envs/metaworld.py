@@ -24,6 +24,7 @@ RLinf counterpart: `rlinf/envs/metaworld/metaworld_env.py::MetaWorldEnv`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -49,7 +50,19 @@ def task_names(cfg: EnvSplitConfig, key: str) -> list[str]:
     return names
 
 
+def require_metaworld(key: str) -> None:
+    """The missing extra as one line naming the key, before any worker starts (find_spec imports nothing)."""
+    try:
+        found = importlib.util.find_spec("metaworld") is not None
+    except ValueError:  # sys.modules["metaworld"] is None: blocked, as absent
+        found = False
+    if not found:
+        raise EnvError(f"{key}.env_type: 'metaworld' needs metaworld (pip install -e '.[metaworld]'): "
+                       "No module named 'metaworld'")
+
+
 def metaworld_env_spec(cfg: EnvSplitConfig, key: str) -> EnvSpec:
+    require_metaworld(key)
     task_names(cfg, key)
     if cfg.init_params.obs_mode == "rgb":
         shape = (3, cfg.init_params.camera_heights, cfg.init_params.camera_widths)
