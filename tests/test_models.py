@@ -2,6 +2,7 @@
 
 import json
 
+import numpy
 import pytest
 import torch
 
@@ -202,3 +203,16 @@ def test_gradients_reach_every_parameter(discrete):
     (out["logprobs"].sum() + out["entropy"].sum() + out["values"].sum()).backward()
     for name, p in policy.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_uniforms_never_reach_0_or_1_not_even_at_the_extreme_hashes():
+    """The top 24-bit step, offset by half a step, rounds to 1.0 in float32 (ndtri(1) = inf, an infinite action
+    and a NaN loss); the extreme hashes map strictly inside (0, 1), and the rest is the plain formula."""
+    from rlinf_mini.utils.seeding import unit_float32
+
+    h = numpy.array([0, (1 << 40) - 1, (1 << 64) - 1, ((1 << 24) - 2) << 40], dtype=numpy.uint64)
+    u = unit_float32(h)
+    assert (u > 0).all() and (u < 1).all() and torch.isfinite(torch.special.ndtri(torch.from_numpy(u))).all()
+    plain = ((h >> numpy.uint64(40)).astype(numpy.float64) + 0.5) / 2 ** 24  # exact in float64
+    assert u[0] == numpy.float32(plain[0]) and u[3] == numpy.float32(plain[3])  # the others are unchanged
+    assert numpy.float32(plain[2]) == 1.0 and u[2] == numpy.nextafter(numpy.float32(1), numpy.float32(0))

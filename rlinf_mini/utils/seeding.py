@@ -50,11 +50,21 @@ def counter_uniform(seed: int, ids: torch.Tensor, counter: int | torch.Tensor, n
         h = _mix(h + counter * numpy.uint64(_GOLDEN))
     cols = numpy.arange(1, n + 1, dtype=numpy.uint64) * numpy.uint64(_GOLDEN)  # [n]
     h = _mix(h + cols)  # [B, n]
-    # top 24 bits -> float32 exactly; the half-step offset keeps 0 and 1 out, so log(u) and ndtri(u) stay finite.
+    return torch.from_numpy(unit_float32(h))
+
+
+_BELOW_ONE = numpy.float32(1.0 - 2.0 ** -24)  # the largest float32 below 1
+
+
+def unit_float32(h: numpy.ndarray) -> numpy.ndarray:
+    """uint64 hashes -> float32 in (0, 1): the top 24 bits, offset by half a step, so log(u) and ndtri(u) stay
+    finite. The top step, (2^24 - 1/2) / 2^24, is not a float32 and rounds to 1.0 (ndtri(1) = inf: an infinite
+    action); it becomes the largest float32 below 1 instead, every other value unchanged."""
     u = (h >> _S40).astype(numpy.float32)
     u += numpy.float32(0.5)
     u *= numpy.float32(1.0 / (1 << 24))
-    return torch.from_numpy(u)
+    numpy.minimum(u, _BELOW_ONE, out=u)
+    return u
 
 
 def counter_normal(seed: int, ids: torch.Tensor, counter: int | torch.Tensor, n: int) -> torch.Tensor:
