@@ -1,6 +1,6 @@
 """MetaWorld: held-out eval success against wall time and env steps, ours vs SB3's PPO, on the same task and budget.
 
-    python -m benchmarks.metaworld_vs_sb3                                    # reach-v3, 3 seeds, ours then SB3
+    python -m benchmarks.metaworld_vs_sb3 --max-epochs 100                   # reach-v3, 3 seeds, 205k steps each
     python -m benchmarks.metaworld_vs_sb3 --config configs/metaworld_push.yaml --seeds 0 1 2 --no-sb3
     python -m benchmarks.metaworld_vs_sb3 --quick                            # smoke run: a few steps of each
 
@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="env.train.seed of each run; "
                         "actor.seed is 1234 + it; SB3's seed is it")
     parser.add_argument("--no-sb3", action="store_true", help="ours only (the learning figure over seeds)")
+    parser.add_argument("--max-epochs", type=int, default=None, help="the budget in PPO steps of ours (default: the "
+                        "config's runner.max_epochs); SB3 gets the same number of env steps")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 steps of ours, 4,096 SB3 steps")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(["--config", args.config])
     train, ev = cfg.env.train, cfg.env.eval
-    epochs = 2 if args.quick else cfg.runner.max_epochs
+    epochs = 2 if args.quick else args.max_epochs or cfg.runner.max_epochs
     overrides = ["--runner.max_epochs", str(epochs)] + (["--runner.val_check_interval", "1"] if args.quick else [])
     per_epoch = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
     interval = 1 if args.quick else cfg.runner.val_check_interval
