@@ -107,3 +107,14 @@ def test_a_non_finite_simulation_step_ends_only_that_episode(capsys):
     assert stats["episode_len"].tolist() == [3.0] and env.num_nonfinite == 1
     assert torch.equal(obs0, ref_obs[:, 0])
     assert "sub-env 1: non-finite observation or reward at episode step 3" in capsys.readouterr().err
+
+
+def test_tutorial_08_runs_on_metaworld(tmp_path):
+    """tests/test_tutorials.py runs every tutorial in the README's venv (the fake env stands in there); here, with
+    the extra, tutorial 08's MetaWorld cells and asserts run too."""
+    from test_tutorials import ROOT, run_tutorial
+
+    result, _ = run_tutorial(ROOT / "tutorials" / "08_your_own_env.py", tmp_path / "out")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "worked example: configs/metaworld_reach.yaml (metaworld, reach-v3)" in result.stdout
+    assert "'success_at_end': [1.0, 1.0, 1.0, 1.0]" in result.stdout
