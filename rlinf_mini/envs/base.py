@@ -42,6 +42,16 @@ def final_obs_batch(obs, finals: dict[int, object]):
     return out
 
 
+def pack_final_obs(obs, finals: dict[int, object], num_envs: int):
+    """What a VectorEnv's `final_obs` holds after chunk_step: None when no episode ended (the way asked) in the chunk,
+    else (ended [B] bool, final_obs_batch(obs, finals))."""
+    if not finals:
+        return None
+    ended = torch.zeros(num_envs, dtype=torch.bool)
+    ended[list(finals)] = True
+    return ended, final_obs_batch(obs, finals)
+
+
 class TorchChunkEnv:
     """The chunk rules above, written once for the envs whose whole state is torch tensors (FakeReach, PixelReach).
 
@@ -99,9 +109,5 @@ class TorchChunkEnv:
                     self.finished = self.finished | done
         episode_stats = {k: torch.cat(v) if v else torch.zeros(0) for k, v in stats.items()}
         obs = self._obs()
-        self.final_obs = None
-        if finals:
-            ended = torch.zeros(B, dtype=torch.bool)
-            ended[list(finals)] = True
-            self.final_obs = (ended, final_obs_batch(obs, finals))
+        self.final_obs = pack_final_obs(obs, finals, B)
         return obs, rewards, terminations, truncations, episode_stats

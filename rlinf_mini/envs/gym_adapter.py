@@ -30,7 +30,7 @@ import torch
 from gymnasium.wrappers import TimeLimit
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs.base import EnvError, EnvSpec, final_obs_batch
+from rlinf_mini.envs.base import EnvError, EnvSpec, pack_final_obs
 
 
 def _make_one(cfg: EnvSplitConfig, key: str) -> gymnasium.Env:
@@ -163,11 +163,7 @@ class GymnasiumVectorEnv:
         episode_stats = {k: torch.tensor(v, dtype=torch.float32) for k, v in stats.items()}
         obs = torch.from_numpy(self.obs.copy())  # a copy: self.obs keeps changing on the next call
         rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
-        self.final_obs = None
-        if finals:
-            ended = torch.zeros(B, dtype=torch.bool)
-            ended[list(finals)] = True
-            self.final_obs = (ended, final_obs_batch(obs, finals))
+        self.final_obs = pack_final_obs(obs, finals, B)
         return obs, rewards, terminations, truncations, episode_stats
 
     def get_state(self) -> dict:

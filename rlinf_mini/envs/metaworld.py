@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from rlinf_mini.config import EnvSplitConfig
-from rlinf_mini.envs.base import EnvError, EnvSpec, final_obs_batch
+from rlinf_mini.envs.base import EnvError, EnvSpec, pack_final_obs
 from rlinf_mini.envs.metaworld_tasks import SUITES, TASK_DESCRIPTIONS, suite_task_names
 
 SETTLE_STEPS = 15
@@ -226,11 +226,7 @@ class MetaWorldVectorEnv:
         episode_stats = {k: torch.tensor(v, dtype=torch.float32) for k, v in stats.items()}
         rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
         obs = self._obs()
-        self.final_obs = None
-        if finals:
-            ended = torch.zeros(B, dtype=torch.bool)
-            ended[list(finals)] = True
-            self.final_obs = (ended, final_obs_batch(obs, finals))
+        self.final_obs = pack_final_obs(obs, finals, B)
         return obs, rewards, terminations, truncations, episode_stats
 
     def render(self) -> torch.Tensor:
