@@ -5,7 +5,6 @@ answers, each of which must score (min or max) without raising; and reward.verif
 from __future__ import annotations
 
 import threading
-import time
 from fractions import Fraction
 
 import pytest
@@ -105,25 +104,21 @@ PATHOLOGICAL = "\\boxed{9^{9^{9^{9^{9}}}}}"  # a tower sympy would evaluate for 
 
 def test_math_verify_times_out_on_a_pathological_answer_in_the_main_thread():
     pytest.importorskip("math_verify")
-    start = time.monotonic()
-    assert math_verify_equal(PATHOLOGICAL, ["1"], timeout_s=1) is False
-    assert time.monotonic() - start < 10
+    assert math_verify_equal(PATHOLOGICAL, ["1"], timeout_s=1) is False  # returns (a hang meets pytest's timeout)
 
 
 def test_math_verify_times_out_in_a_worker_thread_too():
     # an inline-backend rank is a thread: no SIGALRM there, so the call runs in a process that is killed at the bound
     pytest.importorskip("math_verify")
-    got, seconds = [], []
+    got = []
 
     def call():
         math_verify_equal("\\boxed{1/2}", ["0.5"], timeout_s=1)  # the pool's process starts (once)
-        start = time.monotonic()
         got.append(math_verify_equal(PATHOLOGICAL, ["1"], timeout_s=1))
-        seconds.append(time.monotonic() - start)
         got.append(math_verify_equal("\\boxed{1/2}", ["0.5"], timeout_s=1))  # a fresh process after the kill
 
     thread = threading.Thread(target=call, daemon=True)
     thread.start()
-    thread.join(90)
+    thread.join(90)  # a hang guard, not a speed check
     close_pool()  # no process outlives a test
-    assert not thread.is_alive() and got == [False, True] and seconds[0] < 10
+    assert not thread.is_alive() and got == [False, True]
