@@ -96,11 +96,11 @@ class EnvWorker(Worker):
         # algorithm.bootstrap_type: a truncated episode's last reward gets gamma * V(its final obs); the env keeps
         # that obs, the rollout infers its value (with no value head or no auto-reset there is nothing to bootstrap)
         algo = self.cfg.algorithm
-        self.bootstrap = (self.cfg.env.train.auto_reset and algo.adv_type == "gae"
+        bootstrap = (self.cfg.env.train.auto_reset and algo.adv_type == "gae"
                           and self.cfg.actor.model.add_value_head)
         for env in self.train_envs:
             env.keep_final_obs({"standard": "truncations", "always": "dones"}[algo.bootstrap_type]
-                               if self.bootstrap else "none")
+                               if bootstrap else "none")
         # env.train.normalize_reward: one scaler per train stage; the trajectory holds the scaled rewards
         self.return_scalers = ([ReturnScaler(env.num_envs, self.cfg.algorithm.gamma) for env in self.train_envs]
                                if self.cfg.env.train.normalize_reward else None)
