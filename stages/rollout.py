@@ -97,7 +97,7 @@ class EnvWorker(Worker):
         # that obs, the rollout infers its value (with no value head or no auto-reset there is nothing to bootstrap)
         algo = self.cfg.algorithm
         bootstrap = (self.cfg.env.train.auto_reset and algo.adv_type == "gae"
-                          and self.cfg.actor.model.add_value_head)
+                     and self.cfg.actor.model.add_value_head)
         for env in self.train_envs:
             env.keep_final_obs({"standard": "truncations", "always": "dones"}[algo.bootstrap_type]
                                if bootstrap else "none")
