@@ -2,7 +2,10 @@
 
     python -m benchmarks.metaworld_vs_sb3 --max-epochs 100                   # reach-v3, 3 seeds, 205k steps each
     python -m benchmarks.metaworld_vs_sb3 --config configs/metaworld_push.yaml --seeds 0 1 2 --no-sb3
+    python -m benchmarks.metaworld_vs_sb3 --config configs/metaworld_push.yaml --task drawer-close-v3 --no-sb3
     python -m benchmarks.metaworld_vs_sb3 --quick                            # smoke run: a few steps of each
+
+`--task` runs the config's recipe with only the task name changed (env.train and env.eval task_suite_name).
 
 Ours: `rlinf_mini.train.main` with the config (its seeds replaced per run), in this process (its workers are spawned
 processes). A thread stamps each metrics.jsonl line as it appears, so "wall s" counts from the call to `main` (worker
@@ -182,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/metaworld_reach.yaml", help="our config file")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="env.train.seed of each run; "
                         "actor.seed is 1234 + it; SB3's seed is it")
+    parser.add_argument("--task", default=None, help="a MetaWorld task (e.g. drawer-close-v3) in place of the "
+                        "config's env.train / env.eval task_suite_name: the same recipe, only the task changed")
     parser.add_argument("--no-sb3", action="store_true", help="ours only (the learning figure over seeds)")
     parser.add_argument("--max-epochs", type=int, default=None, help="the budget in PPO steps of ours (default: the "
                         "config's runner.max_epochs); SB3 gets the same number of env steps")
@@ -191,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlinf_mini.config import load_config
 
-    cfg = load_config(["--config", args.config])
+    task_keys = ["--env.train.task_suite_name", args.task, "--env.eval.task_suite_name", args.task] if args.task else []
+    cfg = load_config(["--config", args.config, *task_keys])
     train, ev = cfg.env.train, cfg.env.eval
     epochs = 2 if args.quick else args.max_epochs or cfg.runner.max_epochs
-    overrides = ["--runner.max_epochs", str(epochs)] + (["--runner.val_check_interval", "1"] if args.quick else [])
+    overrides = task_keys + ["--runner.max_epochs", str(epochs)] + (["--runner.val_check_interval", "1"] if args.quick else [])
     per_epoch = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
     interval = 1 if args.quick else cfg.runner.val_check_interval
     budget = epochs * per_epoch

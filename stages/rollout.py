@@ -72,6 +72,20 @@ def _stack_trajectory(tr: dict[str, list]) -> dict[str, torch.Tensor]:
     return {name: out[name] for name in TRAJECTORY_KEYS}
 
 
+def _per_task_eval(envs: list, stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Several tasks (MetaWorld's suites): each task's success sum and sub-env count, summed over ranks by the runner
+    ("eval/success_once/<task>" = sum / count; an unfinished episode counts as a failure, as in the overall mean)."""
+    tasks = [t for env in envs for t in getattr(env.env, "tasks", ())]
+    if len(set(tasks)) < 2:
+        return {}
+    out = {}
+    for task in dict.fromkeys(tasks):
+        done = stats.get(f"success_once/{task}", torch.zeros(0))
+        out[f"eval/success_once/{task}_sum"] = done.sum().item()
+        out[f"eval/num_envs/{task}"] = float(tasks.count(task))
+    return out
+
+
 class EnvWorker(Worker):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
@@ -199,7 +213,8 @@ class EnvWorker(Worker):
             cols = slice(q * width, (q + 1) * width)
             piece = {name: tree_map(lambda t, c=cols: t[:, c].contiguous(), v) for name, v in batch.items()}
             actor_channel.put(piece, key=("traj", self._rank * per_env_rank + q))
-        stats = {name: torch.cat([s[name] for s in all_stats]) for name in all_stats[0]}
+        names = dict.fromkeys(name for s in all_stats for name in s)  # an epoch may lack a task's key
+        stats = {name: torch.cat([s[name] for s in all_stats if name in s]) for name in names}
         n = len(stats["return"])
         self.recent_returns.extend(stats["return"].tolist())
         return {
@@ -212,6 +227,7 @@ class EnvWorker(Worker):
             "env/reward": batch["rewards"].mean().item(),
             "env/return_last20": (sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns
                                   else float("nan")),
+            **{f"env/{name}": v.mean().item() for name, v in stats.items() if name.startswith("success_once/")},
         }
 
     def evaluate(self, rollout_channel: Channel, env_channel: Channel, video_dir: str = "") -> dict[str, float]:
@@ -233,6 +249,7 @@ class EnvWorker(Worker):
             "eval/num_episodes": float(n),
             "eval/num_envs": float(num_envs),
             **({"eval/success_at_end_sum": stats["success_at_end"].sum().item()} if "success_at_end" in stats else {}),
+            **_per_task_eval(self.eval_envs, stats),
         }
 
     def get_state(self) -> dict:

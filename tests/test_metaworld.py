@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("metaworld", reason="metaworld is not installed (pip install -e '.[metaworld]')")
 
-from rlinf_mini.config import EnvSplitConfig  # noqa: E402
+from rlinf_mini.config import EnvSplitConfig, InitParams  # noqa: E402
 from rlinf_mini.envs import get_env_spec, make_env  # noqa: E402
 from rlinf_mini.envs.base import EnvError  # noqa: E402
 from rlinf_mini.envs.metaworld_tasks import TASK_DESCRIPTIONS, suite_task_names  # noqa: E402
@@ -118,3 +118,35 @@ def test_tutorial_08_runs_on_metaworld(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:]
     assert "worked example: configs/metaworld_reach.yaml (metaworld, reach-v3)" in result.stdout
     assert "'success_at_end': [1.0, 1.0, 1.0, 1.0]" in result.stdout
+
+
+def test_mt10_one_hot_is_the_tasks_index_and_episode_stats_are_kept_per_task():
+    from rlinf_mini.envs.metaworld_tasks import MT10
+    from stages.rollout import _per_task_eval
+
+    assert get_env_spec(cfg(task_suite_name="MT10", use_one_hot=True), "env.train").obs_dim == 39 + 10
+    env = make_env(cfg(task_suite_name="MT10", use_one_hot=True, max_episode_steps=3), torch.arange(12), 1)
+    try:
+        obs = env.reset()
+        assert obs.shape == (12, 49) and env.tasks == [MT10[e % 10] for e in range(12)]
+        assert obs[:, 39:].argmax(1).tolist() == [e % 10 for e in range(12)] and obs[:, 39:].sum().item() == 12
+        for t in range(3):  # every episode ends at step 3
+            obs, _, _, truncs, stats = env.chunk_step(actions_for(env.env_ids, t))
+        assert truncs.all() and torch.equal(obs[:, 39:], torch.eye(10)[[e % 10 for e in range(12)]])
+        for task in MT10:  # the per-task lists hold the episodes of that task, in sub-env order
+            rows = [b for b, name in enumerate(env.tasks) if name == task]
+            assert stats[f"success_once/{task}"].tolist() == stats["success_once"][rows].tolist()
+        stats["success_once/reach-v3"] = torch.tensor([1.0, 0.0])  # as if sub-env 0 of two had succeeded
+        per_task = _per_task_eval([type("Guarded", (), {"env": env})()], stats)
+        assert per_task["eval/success_once/reach-v3_sum"] == 1.0 and per_task["eval/num_envs/reach-v3"] == 2.0
+        assert per_task["eval/num_envs/window-close-v3"] == 1.0 and len(per_task) == 20
+    finally:
+        env.close()
+    single = make_env(cfg(), torch.arange(2), 1)  # one task: no per-task keys, no one-hot
+    try:
+        single.reset()
+        assert single.reset().shape == (2, 39) and not _per_task_eval([type("G", (), {"env": single})()], {})
+    finally:
+        single.close()
+    with pytest.raises(EnvError, match=r"^env.train.use_one_hot: .*'state'"):
+        get_env_spec(cfg(use_one_hot=True, init_params=InitParams(obs_mode="rgb")), "env.train")

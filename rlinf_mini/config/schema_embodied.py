@@ -51,7 +51,11 @@ class EnvSplitConfig:
     extra, CPU only)."""
     task_suite_name: str = "metaworld_50"
     """env_type metaworld: RLinf's suites 'metaworld_50', 'metaworld_45_ind' (ML45 train), 'metaworld_45_ood'
-    (ML45 test), or one MetaWorld task by its own name ('push-v3'). Sub-env e runs task (e // group_size) % tasks."""
+    (ML45 test), MetaWorld's 'MT10', or one MetaWorld task by its own name ('push-v3'). Sub-env e runs task
+    (e // group_size) % tasks."""
+    use_one_hot: bool = False
+    """env_type metaworld, obs_mode state: append the task's one-hot (its index in task_suite_name's list) to the
+    39-dim state, as MetaWorld's MT benchmarks do (`use_one_hot`): the MLP's task embedding. obs [B, 39 + tasks]."""
     use_rel_reward: bool = True
     """env_type metaworld: the reward is the change of the step reward since the last step (RLinf's math)."""
     reward_coef: float = 1.0

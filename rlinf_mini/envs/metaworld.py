@@ -14,9 +14,11 @@ since the last step with use_rel_reward. Success (`info["success"]`) ends the ep
 A step whose simulation returns a NaN/inf observation or reward ends its episode as a termination with reward 0
 (nothing to bootstrap from), the sub-env is reset, and one line on stderr says so: one sub-env's blow-up never stops
 a run.
-episode_stats add `success_at_end` (success on the episode's last step) to `success_once` (success at any step).
-obs: the 39-dim state [B, 39] (init_params.obs_mode 'state'), or the dict `images` uint8 [B, 3, H, W] (camera 2,
-flipped as RLinf does), `task_descriptions`, `states` [B, 4] (hand position, gripper) for 'rgb'.
+episode_stats add `success_at_end` (success on the episode's last step) to `success_once` (success at any step),
+and with several tasks `success_once/<task>` (the episodes of that task alone).
+obs: the 39-dim state [B, 39] (init_params.obs_mode 'state'; [B, 39 + tasks] with use_one_hot), or the dict
+`images` uint8 [B, 3, H, W] (camera 2, flipped as RLinf does), `task_descriptions`, `states` [B, 4] (hand position,
+gripper) for 'rgb'.
 Differences from RLinf: a sub-env keeps its task (RLinf redraws a task per reset and rebuilds the env), and the B
 envs step in one process. get_state/set_state keep the RNGs and our bookkeeping, not the physics: resume is not exact.
 RLinf counterpart: `rlinf/envs/metaworld/metaworld_env.py::MetaWorldEnv`.
@@ -63,11 +65,14 @@ def require_metaworld(key: str) -> None:
 
 def metaworld_env_spec(cfg: EnvSplitConfig, key: str) -> EnvSpec:
     require_metaworld(key)
-    task_names(cfg, key)
+    names = task_names(cfg, key)
     if cfg.init_params.obs_mode == "rgb":
+        if cfg.use_one_hot:
+            raise EnvError(f"{key}.use_one_hot: the one-hot is appended to the state (init_params.obs_mode 'state'); "
+                           "with 'rgb' the task description is the VLA's instruction")
         shape = (3, cfg.init_params.camera_heights, cfg.init_params.camera_widths)
         return EnvSpec(obs_dim=RGB_STATE_DIM, action_dim=4, discrete=False, image_shape=shape)
-    return EnvSpec(obs_dim=STATE_DIM, action_dim=4, discrete=False)
+    return EnvSpec(obs_dim=STATE_DIM + (len(names) if cfg.use_one_hot else 0), action_dim=4, discrete=False)
 
 
 def _make_one(cfg: EnvSplitConfig, task: str, key: str):
@@ -103,6 +108,12 @@ class MetaWorldVectorEnv:
         names = task_names(cfg, key)
         self._seed_ids = (self.env_ids // cfg.group_size).tolist()
         self.tasks = [names[g % len(names)] for g in self._seed_ids]
+        self.one_hot = None  # [B, tasks] with use_one_hot: row b is 1 at sub-env b's task index in the suite
+        if cfg.use_one_hot:
+            self.one_hot = torch.zeros(B, len(names))
+            self.one_hot[torch.arange(B), torch.tensor([names.index(t) for t in self.tasks])] = 1.0
+        # several tasks: episode stats also per task ("success_once/<task>"), for per-task success in the logs
+        self.per_task = len(set(self.tasks)) > 1
         self.task_descriptions = [TASK_DESCRIPTIONS[t] for t in self.tasks]
         self.envs = [_make_one(cfg, t, key) for t in self.tasks]
         self.state = np.zeros((B, STATE_DIM), dtype=np.float32)  # [B, 39] latest state of every sub-env
@@ -137,7 +148,7 @@ class MetaWorldVectorEnv:
     def _obs(self):
         state = torch.from_numpy(self.state.copy())  # a copy: self.state keeps changing on the next call
         if not self.rgb:
-            return state
+            return state if self.one_hot is None else torch.cat([state, self.one_hot], dim=1)  # [B, 39 + tasks]
         images = self.obs_empty((self.num_envs, *self.spec.image_shape), dtype=torch.uint8)
         for b, env in enumerate(self.envs):
             frame = env.render()[::-1, ::-1]  # [H, W, 3], turned as RLinf turns it
@@ -156,7 +167,7 @@ class MetaWorldVectorEnv:
         """Sub-env b's observation now (one row of _obs()): for the final observation of an episode."""
         state = torch.from_numpy(self.state[b].copy())
         if not self.rgb:
-            return state
+            return state if self.one_hot is None else torch.cat([state, self.one_hot[b]])
         frame = np.ascontiguousarray(self.envs[b].render()[::-1, ::-1])
         return {"images": torch.from_numpy(frame).permute(2, 0, 1), "task_descriptions": self.task_descriptions[b],
                 "states": state[:RGB_STATE_DIM]}
@@ -219,6 +230,8 @@ class MetaWorldVectorEnv:
                     stats["episode_len"].append(float(self.elapsed[b]))
                     stats["success_once"].append(float(self.success_once[b]))
                     stats["success_at_end"].append(float(success))
+                    if self.per_task:
+                        stats.setdefault(f"success_once/{self.tasks[b]}", []).append(float(self.success_once[b]))
                     if self.cfg.auto_reset:
                         self._reset_one(b)
                     else:

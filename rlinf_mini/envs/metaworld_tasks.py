@@ -60,14 +60,20 @@ TASK_DESCRIPTIONS: dict[str, str] = {
     "window-close-v3": "Push and close a window",
 }
 
-SUITES = ("metaworld_50", "metaworld_45_ind", "metaworld_45_ood")
-"""RLinf's task_suite_name values."""
+MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
+        "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3")
+"""MetaWorld's MT10 benchmark, in its order (metaworld.env_dict.MT10_V3): the one-hot index of each task."""
+
+SUITES = ("metaworld_50", "metaworld_45_ind", "metaworld_45_ood", "MT10")
+"""RLinf's task_suite_name values, and MetaWorld's own MT10."""
 
 
 def suite_task_names(task_suite_name: str) -> list[str] | None:
     """The task names of a suite or of one task ('push-v3' -> ['push-v3']); None for a name that is neither."""
     if task_suite_name == "metaworld_50":
         return list(TASK_DESCRIPTIONS)
+    if task_suite_name == "MT10":
+        return list(MT10)
     if task_suite_name in ("metaworld_45_ind", "metaworld_45_ood"):
         from metaworld.env_dict import ML45_V3
 

@@ -79,7 +79,8 @@ class EmbodiedRunner(Runner):
         env_run = self.env.evaluate(self.rollout_channel, self.env_channel, video_dir)
         self.rollout.evaluate(self.rollout_channel, self.env_channel).wait()
         per_rank = env_run.wait()
-        total = {k: sum(m[k] for m in per_rank) for k in per_rank[0]}
+        names = dict.fromkeys(k for m in per_rank for k in m)  # ranks may hold different tasks
+        total = {k: sum(m.get(k, 0.0) for m in per_rank) for k in names}
         n = total["eval/num_episodes"]
         return {
             "eval/success_once": total["eval/success_once_sum"] / total["eval/num_envs"],
@@ -87,6 +88,8 @@ class EmbodiedRunner(Runner):
             "eval/num_episodes": n,
             **({"eval/success_at_end": total["eval/success_at_end_sum"] / total["eval/num_envs"]}
                if "eval/success_at_end_sum" in total else {}),
+            **{f"eval/success_once/{k.split('/')[-1]}": total[f"eval/success_once/{k.split('/')[-1]}_sum"] / v
+               for k, v in total.items() if k.startswith("eval/num_envs/")},
         }
 
     def train_step(self) -> dict[str, float]:
@@ -136,7 +139,7 @@ class EmbodiedRunner(Runner):
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """Average each metric over ranks, ignoring NaN (a rank whose envs finished no episode)."""
     out = {}
-    for k in per_rank[0]:
-        vals = [m[k] for m in per_rank if not math.isnan(m[k])]
+    for k in dict.fromkeys(k for m in per_rank for k in m):  # a per-task metric only where that task runs
+        vals = [m[k] for m in per_rank if k in m and not math.isnan(m[k])]
         out[k] = sum(vals) / len(vals) if vals else float("nan")
     return out
