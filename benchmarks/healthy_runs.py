@@ -73,6 +73,8 @@ RECIPES = [
                    "neither a GPU nor the package"),
     Recipe("metaworld_reach", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
     Recipe("metaworld_push", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
+    Recipe("metaworld_mt10", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),), seeds=1,
+           note="one seed: a run is ~15 minutes on 2 cores; per-task success in docs/metaworld.md"),
     Recipe("math"),
     Recipe("math_kl"),
     Recipe("math_dapo"),

@@ -45,7 +45,9 @@ def measure(name: str, model, tok, prompts: list[list[int]], max_new: int, reps:
     row's ratio is the median of the pairs' ratios (a pair runs within seconds, so load that moves over minutes
     cancels). CPU seconds (this process, one thread) are kept beside the wall time in each repetition."""
     from rlinf_mini.config import ReasoningSamplingParams
-    from stages.reasoning_rollout import generate, left_pad, unique_rows
+    from rlinf_mini.models.fast_generation import unique_rows
+    from rlinf_mini.models.generation import left_pad
+    from stages.reasoning_rollout import generate
 
     input_ids, attention_mask = left_pad(prompts, tok.pad_token_id)
     sp = ReasoningSamplingParams()

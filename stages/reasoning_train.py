@@ -25,13 +25,13 @@ import time
 
 import torch
 
+from rlinf_mini.models.generation import position_ids_of
 from rlinf_mini.models.tiny_lm import load_causal_lm
 from rlinf_mini.scheduler.channel import Channel
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.utils.precision import autocast
 from stages.actor_core import ActorCore, build_lr_scheduler, update_loop
 from stages.losses import compute_ppo_actor_loss, kl_penalty
-from stages.reasoning_rollout import position_ids_of
 from stages.sync import WeightSender
 
 

@@ -15,12 +15,13 @@ from conftest import ROOT, write_config
 from rlinf_mini.config import ReasoningSamplingParams, load_config
 from rlinf_mini.data.arithmetic import write_arithmetic_jsonl
 from rlinf_mini.data.prompt_dataset import PromptDataset, PromptLoader
+from rlinf_mini.models.generation import sample_tokens
 from rlinf_mini.models.make_tiny_lm import create_tiny_lm, warm_start_examples
 from rlinf_mini.models.tiny_lm import build_char_tokenizer, load_causal_lm
 from rlinf_mini.train import ReasoningRunPlan, build_and_run, main
 from stages.losses import KL_PENALTY_TYPES
 from stages.reasoning_reward import math_reward
-from stages.reasoning_rollout import generate, sample_tokens
+from stages.reasoning_rollout import generate
 from stages.reasoning_train import (
     ReasoningActorWorker,
     agg_scale,

@@ -9,11 +9,12 @@ import torch
 from conftest import ROOT
 
 from rlinf_mini.config import ReasoningSamplingParams, load_config
+from rlinf_mini.models.fast_generation import last_logits, unique_rows
 from rlinf_mini.models.llama_decode import is_llama, prompt_trie
 from rlinf_mini.models.make_tiny_lm import create_tiny_lm
 from rlinf_mini.models.tiny_lm import load_causal_lm, tiny_gpt2
 from rlinf_mini.utils.seeding import counter_uniform
-from stages.reasoning_rollout import generate, last_logits, unique_rows
+from stages.reasoning_rollout import generate
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +152,33 @@ def test_the_lean_llama_path_with_a_shared_prefix_prefill_equals_a_plain_loop_pe
                 seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
             n = len(seq) - len(p)
             assert greedy_lean["response_ids"][i, :n].tolist() == seq[len(p):]
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+@pytest.mark.parametrize("mode", ["sampled", "top_k_top_p", "greedy"])
+def test_the_fast_path_equals_the_plain_loop_rollout_fast_generation_false_reads(which, mode, lm, tiny_llama):
+    """rollout.fast_generation picks the decoding path: the plain loop of stages/reasoning_rollout.py (HF's forward
+    and cache, every row to the end) and rlinf_mini/models/fast_generation.py give the same tokens, masks and
+    log-probs, on groups (shared prefills), prompts of different lengths and rows that stop at different steps."""
+    if which == "gpt2":
+        model, tok = lm
+        prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ["1+2=", "37+45=", "99+99="]]
+        prompts, pad = [p for p in prompts for _ in range(3)], tok.pad_token_id
+        eos = tok.eos_token_id
+    else:
+        model, pad = tiny_llama, 0
+        prompts = [[11, 12, 13, 14], [11, 12, 13, 14], [40, 41], [11, 12], [200, 3, 4, 5, 6, 7]]
+    sp = ReasoningSamplingParams(temperature=1.2, **({"top_k": 5, "top_p": 0.8} if mode == "top_k_top_p" else {}))
+    ids = torch.arange(len(prompts)) + 77
+    if which == "llama":  # a random model rarely ends: make <eos> the token it draws most often
+        probe = generate(model, prompts, ids, sp, 8, pad, -1, seed=3, greedy=mode == "greedy")
+        eos = int(probe["response_ids"][:, 1:].flatten().mode().values)
+    kw = dict(max_new=8, pad_id=pad, eos_id=eos, seed=3, greedy=mode == "greedy")
+    fast = generate(model, prompts, ids, sp, fast=True, **kw)
+    plain = generate(model, prompts, ids, sp, fast=False, **kw)
+    lengths = fast["response_mask"].sum(1)
+    if mode != "greedy":  # the case that matters: rows finish at different steps
+        assert len(set(lengths.tolist())) >= 2, lengths
+    for key in ("prompt_ids", "prompt_mask", "response_ids", "response_mask"):
+        assert torch.equal(fast[key], plain[key]), key
+    torch.testing.assert_close(fast["logprobs"], plain["logprobs"], atol=1e-5, rtol=0)

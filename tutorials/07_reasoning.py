@@ -59,13 +59,14 @@
 #
 # ## The code to read
 #
-# - `stages/reasoning_rollout.py`: `generate` (left padding, position ids, the KV-cache loop, inverse-CDF sampling
-#   from `counter_uniform`, log-probs) with `HFDecoder` (the HF forward, this tutorial's tiny LM), or for a Llama
-#   such as SmolLM2 `rlinf_mini/models/llama_decode.py::LlamaDecoder` (one prefill per distinct prompt prefix, a lean
-#   decode forward over the same weights); `ReasoningRolloutWorker.rollout` / `evaluate`.
+# - `stages/reasoning_rollout.py`: `plain_generate` (left padding, position ids, the KV-cache loop, inverse-CDF
+#   sampling from `counter_uniform`, log-probs) and `generate`, which runs it or, with `rollout.fast_generation` (the
+#   default), the same tokens faster: `rlinf_mini/models/fast_generation.py` (one prefill per distinct prompt, the
+#   cache in place, finished rows leave the batch; for a Llama such as SmolLM2 `models/llama_decode.py`'s lean
+#   forward); `ReasoningRolloutWorker.rollout` / `evaluate`.
 # - `stages/reasoning_reward.py`: `extract_answer`, `answers_equal`, `math_reward`, `ReasoningRewardWorker`.
 # - `stages/reasoning_train.py`: `compute_grpo_token_advantages`, `compute_response_logprobs`, the loss
-#   (`compute_ppo_actor_loss` from `stages/train.py`, token by token), `ReasoningActorWorker.run_training`.
+#   (`compute_ppo_actor_loss` from `stages/losses.py`, token by token), `ReasoningActorWorker.run_training`.
 # - `rlinf_mini/runners/reasoning.py::ReasoningRunner.train_step`, `rlinf_mini/data/`, `rlinf_mini/models/tiny_lm.py`.
 
 # %%

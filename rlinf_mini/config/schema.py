@@ -248,6 +248,10 @@ class RolloutConfig:
     policy_latency_s: float = 0.0
     """rlinf_mini: sleep this long per inference call (one stage's batch), to emulate a policy on a GPU or a remote
     server that the rollout process waits for (a sleep, not a spin: the process's core stays free meanwhile)."""
+    fast_generation: bool = True
+    """rlinf_mini, reasoning: decode with rlinf_mini/models/fast_generation.py (one prefill per distinct prompt, the
+    KV cache in place, finished rows leave the batch, SmolLM2's lean forward); false: the plain loop of
+    stages/reasoning_rollout.py over HF's forward. The same tokens and log-probs (oracle-tested)."""
     model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
     """The rollout's copy of the policy."""
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
