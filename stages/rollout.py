@@ -39,6 +39,7 @@ import torch
 
 from rlinf_mini.config import EnvSplitConfig, TrainConfig
 from rlinf_mini.envs import EnvSpec, get_env_spec, make_env
+from rlinf_mini.envs.base import per_task_eval_sums
 from rlinf_mini.envs.guard import GuardedEnv
 from rlinf_mini.envs.video import EvalVideoRecorder
 from rlinf_mini.models import build_policy
@@ -70,20 +71,6 @@ def _stack_trajectory(tr: dict[str, list]) -> dict[str, torch.Tensor]:
     versions = torch.tensor(tr["versions"], dtype=torch.int64)  # [T]
     out["versions"] = versions.view(-1, *[1] * (out["logprobs"].dim() - 1)).expand_as(out["logprobs"]).clone()
     return {name: out[name] for name in TRAJECTORY_KEYS}
-
-
-def _per_task_eval(envs: list, stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Several tasks (MetaWorld's suites): each task's success sum and sub-env count, summed over ranks by the runner
-    ("eval/success_once/<task>" = sum / count; an unfinished episode counts as a failure, as in the overall mean)."""
-    tasks = [t for env in envs for t in getattr(env.env, "tasks", ())]
-    if len(set(tasks)) < 2:
-        return {}
-    out = {}
-    for task in dict.fromkeys(tasks):
-        done = stats.get(f"success_once/{task}", torch.zeros(0))
-        out[f"eval/success_once/{task}_sum"] = done.sum().item()
-        out[f"eval/num_envs/{task}"] = float(tasks.count(task))
-    return out
 
 
 class EnvWorker(Worker):
@@ -249,7 +236,7 @@ class EnvWorker(Worker):
             "eval/num_episodes": float(n),
             "eval/num_envs": float(num_envs),
             **({"eval/success_at_end_sum": stats["success_at_end"].sum().item()} if "success_at_end" in stats else {}),
-            **_per_task_eval(self.eval_envs, stats),
+            **per_task_eval_sums([t for env in self.eval_envs for t in getattr(env.env, "tasks", ())], stats),
         }
 
     def get_state(self) -> dict:

@@ -121,8 +121,8 @@ def test_tutorial_08_runs_on_metaworld(tmp_path):
 
 
 def test_mt10_one_hot_is_the_tasks_index_and_episode_stats_are_kept_per_task():
+    from rlinf_mini.envs.base import per_task_eval_sums
     from rlinf_mini.envs.metaworld_tasks import MT10
-    from stages.rollout import _per_task_eval
 
     assert get_env_spec(cfg(task_suite_name="MT10", use_one_hot=True), "env.train").obs_dim == 39 + 10
     env = make_env(cfg(task_suite_name="MT10", use_one_hot=True, max_episode_steps=3), torch.arange(12), 1)
@@ -137,7 +137,7 @@ def test_mt10_one_hot_is_the_tasks_index_and_episode_stats_are_kept_per_task():
             rows = [b for b, name in enumerate(env.tasks) if name == task]
             assert stats[f"success_once/{task}"].tolist() == stats["success_once"][rows].tolist()
         stats["success_once/reach-v3"] = torch.tensor([1.0, 0.0])  # as if sub-env 0 of two had succeeded
-        per_task = _per_task_eval([type("Guarded", (), {"env": env})()], stats)
+        per_task = per_task_eval_sums(env.tasks, stats)
         assert per_task["eval/success_once/reach-v3_sum"] == 1.0 and per_task["eval/num_envs/reach-v3"] == 2.0
         assert per_task["eval/num_envs/window-close-v3"] == 1.0 and len(per_task) == 20
     finally:
@@ -145,7 +145,7 @@ def test_mt10_one_hot_is_the_tasks_index_and_episode_stats_are_kept_per_task():
     single = make_env(cfg(), torch.arange(2), 1)  # one task: no per-task keys, no one-hot
     try:
         single.reset()
-        assert single.reset().shape == (2, 39) and not _per_task_eval([type("G", (), {"env": single})()], {})
+        assert single.reset().shape == (2, 39) and not per_task_eval_sums(single.tasks, {})
     finally:
         single.close()
     with pytest.raises(EnvError, match=r"^env.train.use_one_hot: .*'state'"):

@@ -111,3 +111,16 @@ class TorchChunkEnv:
         obs = self._obs()
         self.final_obs = pack_final_obs(obs, finals, B)
         return obs, rewards, terminations, truncations, episode_stats
+
+
+def per_task_eval_sums(tasks: list[str], stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """tasks: each eval sub-env's task (MetaWorld's suites); with several, each task's success sum (from the
+    episode stats' `success_once/<task>`) and sub-env count, for the runner to sum over ranks and divide
+    ("eval/success_once/<task>"; an unfinished episode counts as a failure, as in the overall mean)."""
+    if len(set(tasks)) < 2:
+        return {}
+    out = {}
+    for task in dict.fromkeys(tasks):
+        out[f"eval/success_once/{task}_sum"] = stats.get(f"success_once/{task}", torch.zeros(0)).sum().item()
+        out[f"eval/num_envs/{task}"] = float(tasks.count(task))
+    return out
