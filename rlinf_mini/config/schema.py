@@ -110,8 +110,8 @@ class AlgorithmConfig:
     loss_type: Literal["actor_critic", "actor", "decoupled_actor_critic"] = "actor_critic"
     """'actor_critic' = PPO policy loss + clipped Huber value loss; 'actor' = policy loss only (GRPO, Reinforce++);
     'decoupled_actor_critic' = asynchronous PPO's loss (AReaL's decoupled PPO: clipped against a proximal policy,
-    weighted by proximal / behaviour; docs/async_ppo.md) + the value loss. Its async runner is not yet implemented:
-    selecting it is refused before any worker starts."""
+    weighted by proximal / behaviour; docs/async_ppo.md) + the value loss; selects the asynchronous runner
+    (runners/embodied_async.py), which needs algorithm.staleness_threshold."""
     gamma: float = 1.0
     """Discount factor of GAE (RLinf's default 1; Reinforce++ and GRPO never discount, as in RLinf)."""
     gae_lambda: float = 1.0
