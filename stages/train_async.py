@@ -95,8 +95,8 @@ class AsyncActorWorker(ActorWorker):
             "rollout/store_size": float(len(items))}
 
     def compute_proximal_logprobs(self) -> None:
-        """rollout.recompute_logprobs: the proximal policy's log-probs [T, B(, ...)] of the batch's actions, by a forward
-        with the actor's weights before this update (micro-batches, no gradient)."""
+        """rollout.recompute_logprobs: the proximal policy's log-probs [T, B(, ...)] of the batch's actions, by a
+        forward with the actor's weights before this update (micro-batches, no gradient)."""
         T, B = self.batch["rewards"].shape
         flat = flatten_batch(self.batch | {"advantages": self.batch["rewards"], "returns": self.batch["rewards"],
                                            "loss_mask": self.batch["rewards"]})  # only obs and actions are read

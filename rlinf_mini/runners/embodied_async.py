@@ -43,7 +43,7 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         self.pending_publish: GroupFuture | None = None  # actor.sync_weight_no_wait: collected one step later
         self.launch_log: list[tuple[int, int]] = []  # (batch, actor version when it was queued): for tests
 
-    # --- weights -----------------------------------------------------------------------------------------------------
+    # --- weights ------------------------------------------------------------------------------------------------------
 
     def publish_weights(self) -> dict[str, float]:
         """Actor rank 0 writes version global_step into every rollout buffer (a rollout rank reads it when its next
@@ -67,7 +67,7 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         self.rollout_version = min(self.rollout.load_newest_weights(self.global_step).wait())
         return metrics
 
-    # --- the schedule --------------------------------------------------------------------------------------------------
+    # --- the schedule -------------------------------------------------------------------------------------------------
 
     def _saves_at(self, step: int) -> bool:
         interval = self.cfg.runner.save_interval
