@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -187,6 +188,8 @@ class ActorWorker(ActorCore):
 
     def run_training(self) -> dict[str, float]:
         """`update_epoch` passes over this rank's samples (update_policy); metrics averaged over the ranks."""
+        if self.cfg.actor.train_latency_s > 0:  # an update on a GPU, emulated (benchmarks/async_ppo.py)
+            time.sleep(self.cfg.actor.train_latency_s)
         flat = flatten_batch(self.batch)
         lr = self.lr_scheduler.get_last_lr()[0]  # the schedule's rate as this step's update begins
         means, skipped = update_policy(self.policy, self.optimizer, flat, self.cfg, global_step=self.global_step,

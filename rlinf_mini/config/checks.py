@@ -85,6 +85,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
                 fail(f"env.{split}.init_params.grid_size", f"must be >= 2, got {e.init_params.grid_size}")
     if cfg.rollout.policy_latency_s < 0:
         fail("rollout.policy_latency_s", f"must be >= 0, got {cfg.rollout.policy_latency_s}")
+    if cfg.actor.train_latency_s < 0:
+        fail("actor.train_latency_s", f"must be >= 0, got {cfg.actor.train_latency_s}")
     positive |= {"actor.optim.lr": cfg.actor.optim.lr, "actor.optim.value_lr": cfg.actor.optim.value_lr,
                  "actor.optim.adam_eps": cfg.actor.optim.adam_eps}
     for key, value in positive.items():

@@ -346,9 +346,12 @@ class ActorConfig:
     skip_nonfinite: bool = False
     """rlinf_mini: on a NaN/inf loss or gradient, skip that optimizer step (and log it) instead of stopping the run."""
     sync_weight_no_wait: bool = False
-    """Async runs: the runner hands new weights over without waiting for the rollout to take them; the rollout
-    applies them in the background between its rollout epochs, requests that pile up merged into one (RLinf's default
-    false: each sync is waited for; RLinf's async PPO runner waits either way, its async SAC runner reads it)."""
+    """Async PPO: the driver queues the next batches without waiting for actor rank 0's copy of the new weights;
+    the rollout reads the newest version at the start of each batch and waits for the stamp only where the staleness
+    bound needs it (RLinf's default false: each sync is waited for; RLinf's async SAC runner reads it)."""
+    train_latency_s: float = 0.0
+    """rlinf_mini: sleep this long in every run_training call, to emulate an update on a GPU (a sleep: the process's
+    core stays free), for the async-vs-sync benchmark beside env.train.step_latency_s and rollout.policy_latency_s."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
     optim: OptimConfig = field(default_factory=OptimConfig)
