@@ -276,11 +276,9 @@ class RolloutWorker(Worker):
         self.spec = spec
         self.model = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
                                   self.cfg.rollout.sampling_params.temperature_train).to(self.device).eval()
-        # the CPU shared buffer, or a device buffer on a GPU. Async PPO (loss_type decoupled_actor_critic): the actor
-        # may write while this rank infers, so the buffer backs a copy of the model and each batch copies the newest
-        # version out of it (load_newest_weights); else the model's own weights live in the buffer (zero copy)
-        self.asynchronous = self.cfg.algorithm.loss_type == "decoupled_actor_critic"
-        self.receiver = make_weight_receiver(copy.deepcopy(self.model) if self.asynchronous else self.model)
+        # the model's weights live in the buffer (zero copy); async PPO's in a copy's (load_newest_weights reads it)
+        asynchronous = self.cfg.algorithm.loss_type == "decoupled_actor_critic"
+        self.receiver = make_weight_receiver(copy.deepcopy(self.model) if asynchronous else self.model)
         self.noise_width = self.model.noise_width  # uniforms per sample (MLP: per action dim or choice; VLA: per bin)
         return self.receiver.handle()
 
@@ -289,8 +287,7 @@ class RolloutWorker(Worker):
         return self.receiver.wait_for_version(version, timeout=self.cfg.cluster.timeout_s)
 
     def load_newest_weights(self, min_version: int) -> int:
-        """Async PPO, at the start of a batch: the newest version actor rank 0 has published (waiting until it is
-        >= min_version, the staleness bound), copied torn-free into the model; returns it (the batch's tag)."""
+        """Async PPO, as a batch starts: the newest published version (>= min_version), copied torn-free; returns it."""
         return self.receiver.load_newest(self.model, min_version, timeout=self.cfg.cluster.timeout_s)
 
     def _serve(self, mode: str, n_steps: int, rollout_channel: Channel, env_channel: Channel) -> int:
