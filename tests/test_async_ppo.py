@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -241,6 +243,38 @@ def test_a_failing_worker_is_reported_by_group_and_rank(tmp_path, fault, says):
                           capture_output=True, text=True, timeout=240)  # a hang guard, not a measurement
     assert done.returncode == 1, done.stderr[-2000:]
     assert says in done.stderr, done.stderr[-2000:]
+
+
+def test_ctrl_c_stops_the_async_run_and_leaves_nothing_behind(tmp_path):
+    """SIGINT once the first checkpoint exists (batches are in flight then: staleness 1): exit 130, the stop line,
+    and no shared-memory segment of the run left."""
+    from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
+
+    cfg = write_config(tmp_path, **merged(RUN, {"algorithm": {**ASYNC, "staleness_threshold": 1},
+                                                "runner": {"max_epochs": 1000, "val_check_interval": -1,
+                                                           "save_interval": 3}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RLINF_MINI_FAULT", None)
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "rlinf_mini.train", "--config", str(cfg)], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+        try:
+            run_dir = tmp_path / "results/embodied"
+            for _ in range(2400):  # a hang guard (240 s): the event waited for is the first checkpoint folder
+                if proc.poll() is not None or (run_dir / "checkpoints").is_dir() and find_latest_checkpoint(run_dir):
+                    break
+                time.sleep(0.1)
+            assert proc.poll() is None, Path(err.name).read_text()[-2000:]
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        stderr = Path(err.name).read_text()
+    assert code == 130, stderr[-2000:]
+    assert "interrupted: all workers stopped (SIGINT)" in stderr
+    assert not [n for n in os.listdir(SHM_DIR) if n.startswith(f"{PREFIX}{proc.pid}")]
 
 
 # --- the pieces, on their own ----------------------------------------------------------------------------------------
