@@ -81,6 +81,8 @@ def runs(tmp_path_factory):
         "s1": train(tmp, "s1", algorithm={**ASYNC, "staleness_threshold": 1}, runner={"trace": True}),
         "s1_recompute": train(tmp, "s1_recompute", algorithm={**ASYNC, "staleness_threshold": 1},
                               rollout={"recompute_logprobs": True}),
+        "s2_store2": train(tmp, "s2_store2", algorithm={**ASYNC, "staleness_threshold": 2,
+                                                        "rollout_store_size_per_rank": 2}),
         "s0_inline": train(tmp, "s0_inline", algorithm={**ASYNC, "staleness_threshold": 0},
                            cluster={"backend": "inline"}),
         "s1_inline": train(tmp, "s1_inline", algorithm={**ASYNC, "staleness_threshold": 1},
@@ -198,6 +200,19 @@ def test_the_rollout_is_never_more_than_the_threshold_ahead(runs, name):
         assert abs(sum(ratios.values()) - 1) < 1e-9
         assert i - 1 <= h["train/actor/average_version"] <= i
         assert h["rollout/discarded_unused_trajs"] == 0.0  # batches arrive in order: none is dropped unused
+
+
+def test_a_store_of_two_trains_on_the_freshest_batches_within_the_bound(runs):
+    """rollout_store_size_per_rank 2 with staleness 2: the first update reads the one batch there is, later ones up
+    to two, never a sample more than 2 versions behind (the store drops the older batch once it is)."""
+    lines = train_lines(runs["s2_store2"])
+    sizes = [h["rollout/store_size"] for h in lines]
+    assert sizes[0] == 1 and set(sizes) <= {1.0, 2.0} and len(lines) == 4
+    for h in lines:
+        ratios = {k: v for k, v in h.items() if k.startswith("rollout/data_staleness_")}
+        assert all(0 <= int(k.split("_")[-1].split("/")[0]) <= 2 for k in ratios)
+        assert abs(sum(ratios.values()) - 1) < 1e-9
+        assert h["rollout/discarded_unused_trajs"] == 0.0
 
 
 def test_staleness_1_trains_on_stale_data_with_the_interpolated_anchor(runs):
