@@ -2,6 +2,7 @@
 
     python -m benchmarks.async_ppo               # 3 repetitions, writes benchmarks/async_ppo.json
     python -m benchmarks.async_ppo --reps 1 --out /tmp/x.json
+    python -m benchmarks.async_ppo --efficiency 3   # learning curves over 3 seeds: benchmarks/async_ppo_efficiency.json
 
 configs/embodied_mlp.yaml's hybrid placement (env on device 0, rollout on 1, the actor on both), 2 pipeline stages,
 with the three latency knobs, all sleeps (the core stays free, as when a simulator, a GPU policy and a GPU update do
@@ -78,11 +79,53 @@ def measure(reps: int) -> tuple[list[Row], list[dict]]:
     return rows, raw
 
 
+def learning_run(staleness: int | None, seed: int) -> dict:
+    """configs/embodied_mlp.yaml as shipped (no latency knobs), seed k added to actor.seed and env.train.seed: its
+    eval success_once by step, and the training seconds (time/step + time/eval summed) until the first eval >= 0.9."""
+    from rlinf_mini.config import load_config
+    from rlinf_mini.train import RunPlan, build_and_run
+
+    with tempfile.TemporaryDirectory(prefix="bench_async_eff_") as log_path:
+        argv = ["--config", CONFIG, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
+                "--runner.no-progress-bar", "--runner.log-interval", "1000", "--actor.seed", str(1234 + seed),
+                "--env.train.seed", str(seed)]
+        if staleness is not None:
+            argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
+                     str(staleness)]
+        cfg = load_config(argv)
+        history = build_and_run(cfg, RunPlan(cfg, CONFIG))
+    evals, elapsed, to_09 = [], 0.0, None
+    for h in history:
+        elapsed += h.get("time/step", 0.0) + h.get("time/eval", 0.0)
+        if "eval/success_once" in h:
+            evals.append((h["step"], h["eval/success_once"]))
+            if to_09 is None and h["eval/success_once"] >= 0.9:
+                to_09 = elapsed
+    return {"evals": evals, "seconds_to_0.9": to_09, "final": evals[-1][1]}
+
+
+def efficiency(seeds: int) -> dict:
+    """Sync, staleness 1 and 2 over `seeds` seeds, the three in turn per seed."""
+    return {f"seed {k}": {name: learning_run(s, k) for name, s in (("sync", None), ("s1", 1), ("s2", 2))}
+            for k in range(seeds)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/async_ppo.json")
+    parser.add_argument("--efficiency", type=int, metavar="SEEDS", default=0,
+                        help="instead: learning curves of sync / staleness 1 / 2 over SEEDS seeds")
     args = parser.parse_args(argv)
+    if args.efficiency:
+        out = ROOT / "benchmarks/async_ppo_efficiency.json" if args.out == parser.get_default("out") else args.out
+        result = efficiency(args.efficiency)
+        for seed, runs in result.items():
+            for name, r in runs.items():
+                print(f"{seed} {name:4s} to 0.9: {r['seconds_to_0.9']} s, final {r['final']:.2f}, evals {r['evals']}")
+        out.write_text(json.dumps({"load_avg": os.getloadavg(), "config": CONFIG, "runs": result}, indent=1) + "\n")
+        print(f"wrote {out}")
+        return 0
     rows, raw = measure(args.reps)
     print(format_table(rows, markdown=False))
     args.out.write_text(json.dumps({"load_avg": os.getloadavg(), "knobs": {"E": E, "P": P, "U": U},
