@@ -79,7 +79,7 @@ def measure(reps: int) -> tuple[list[Row], list[dict]]:
     return rows, raw
 
 
-def learning_run(staleness: int | None, seed: int) -> dict:
+def learning_run(staleness: int | None, seed: int, recompute: bool = False) -> dict:
     """configs/embodied_mlp.yaml as shipped (no latency knobs), seed k added to actor.seed and env.train.seed: its
     eval success_once by step, and the training seconds (time/step + time/eval summed) until the first eval >= 0.9."""
     from rlinf_mini.config import load_config
@@ -91,7 +91,7 @@ def learning_run(staleness: int | None, seed: int) -> dict:
                 "--env.train.seed", str(seed)]
         if staleness is not None:
             argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
-                     str(staleness)]
+                     str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
         cfg = load_config(argv)
         history = build_and_run(cfg, RunPlan(cfg, CONFIG))
     evals, elapsed, to_09 = [], 0.0, None
@@ -105,9 +105,9 @@ def learning_run(staleness: int | None, seed: int) -> dict:
 
 
 def efficiency(seeds: int) -> dict:
-    """Sync, staleness 1 and 2 over `seeds` seeds, the three in turn per seed."""
-    return {f"seed {k}": {name: learning_run(s, k) for name, s in (("sync", None), ("s1", 1), ("s2", 2))}
-            for k in range(seeds)}
+    """Sync, staleness 1 and 2 (interpolated anchor; "r": recomputed) over `seeds` seeds, in turn per seed."""
+    runs = (("sync", None, False), ("s1", 1, False), ("s2", 2, False), ("s1r", 1, True), ("s2r", 2, True))
+    return {f"seed {k}": {name: learning_run(s, k, r) for name, s, r in runs} for k in range(seeds)}
 
 
 def main(argv: list[str] | None = None) -> int:
