@@ -299,7 +299,27 @@ def describe(cfg: TrainConfig, placement: HybridComponentPlacement | None, num_g
     if steps is not None:
         lines.append(f"  x update_epoch {cfg.algorithm.update_epoch} = {steps * cfg.algorithm.update_epoch} "
                      f"optimizer steps per training step")
-    return lines
+    return lines + schedule(cfg)
+
+
+def schedule(cfg: TrainConfig) -> list[str]:
+    """Who waits for whom in a step: the synchronous runner, or async PPO's (runners/embodied_async.py)."""
+    algo = cfg.algorithm
+    if algo.loss_type != "decoupled_actor_critic":
+        return ["6 schedule: synchronous (runners/embodied.py): the rollout waits for the new weights, the actor for "
+                "the whole rollout batch, env and rollout for the actor's update"]
+    s = algo.staleness_threshold
+    anchor = "recomputed by an actor forward" if cfg.rollout.recompute_logprobs else "interpolated from versions"
+    return [f"6 schedule: asynchronous PPO (runners/embodied_async.py), staleness_threshold {s}",
+            f"  batch i starts once i <= actor version + {s}: up to {s + 1} batch(es) in flight; a checkpoint "
+            f"step is a barrier (no batch crosses it)",
+            f"  the rollout waits for weights of version >= i - {s}, then copies the newest published; env and "
+            f"rollout do not wait for the actor's update" + (" (staleness 0: they do, as synchronous)" if not s
+                                                             else ""),
+            "  the actor waits for batch i's trajectories; actor rank 0 publishes version i + 1 after the update"
+            + (" without the driver waiting (actor.sync_weight_no_wait)" if cfg.actor.sync_weight_no_wait else ""),
+            f"  proximal policy: {anchor}; store: the {algo.rollout_store_size_per_rank} freshest batch(es) per "
+            f"actor rank"]
 
 
 def explain_reasoning(cfg: TrainConfig, source: str, num_gpus: int | None = None) -> tuple[str, str | None]:

@@ -208,9 +208,9 @@ class Port:
             raise ConfigError(f"{self.file}: algorithm.adv_type {algo.get('adv_type')!r} / loss_type "
                               f"{algo.get('loss_type')!r}: rlinf_mini has on-policy PPO, GRPO and Reinforce++ only "
                               f"(adv_type {', '.join(SUPPORTED_ADV)}; loss_type {', '.join(SUPPORTED_LOSS)})")
-        if algo.get("loss_type") == "decoupled_actor_critic":
-            self._replace("algorithm.loss_type", "actor_critic", "asynchronous PPO's runner is not yet implemented "
-                                                                 "(docs/async_ppo.md): the synchronous one runs")
+        if algo.get("loss_type") == "decoupled_actor_critic" and algo.get("staleness_threshold") is None:
+            self._replace("algorithm.staleness_threshold", 1, "async PPO needs a bound (RLinf's actor fails on a "
+                                                              "null one); 1, as RLinf's async examples")
         model_type = self._get("actor.model.model_type") or "mlp_policy"
         image = IMAGE_MODELS.get(model_type, True)
         if model_type not in ("mlp_policy", "tiny_vla"):

@@ -1,4 +1,5 @@
-"""Train an embodied policy: YAML -> Cluster -> placement -> actor / rollout / env groups -> EmbodiedRunner (or, with
+"""Train an embodied policy: YAML -> Cluster -> placement -> actor / rollout / env groups -> EmbodiedRunner (async PPO:
+AsyncEmbodiedRunner; or, with
 runner.task_type: reasoning, a language model: actor / rollout / reward groups -> ReasoningRunner).
 
     python -m rlinf_mini.train --config configs/embodied.yaml                      # CPU fake env, a few minutes
@@ -133,21 +134,27 @@ class RunPlan:
 
 
 def launch(cfg: TrainConfig, plan: RunPlan, cluster) -> EmbodiedRunner:  # noqa: F821
-    """Start the three worker groups where the placement says, and wire them into a runner (not yet initialized)."""
+    """Start the three worker groups where the placement says, and wire them into a runner (not yet initialized):
+    algorithm.loss_type decoupled_actor_critic selects asynchronous PPO's runner and actor."""
     from rlinf_mini.runners.embodied import EmbodiedRunner
+    from rlinf_mini.runners.embodied_async import AsyncEmbodiedRunner
     from stages.rollout import EnvWorker, RolloutWorker
     from stages.train import ActorWorker
+    from stages.train_async import AsyncActorWorker
+
+    asynchronous = cfg.algorithm.loss_type == "decoupled_actor_critic"
 
     if not plan.prepared:
         plan.prepare()
     placement = plan.placement
-    actor = ActorWorker.create_group(cfg).launch(
+    actor = (AsyncActorWorker if asynchronous else ActorWorker).create_group(cfg).launch(
         cluster, placement_strategy=placement.get_strategy("actor"), name=cfg.actor.group_name)
     rollout = RolloutWorker.create_group(cfg).launch(
         cluster, placement_strategy=placement.get_strategy("rollout"), name=cfg.rollout.group_name)
     env = EnvWorker.create_group(cfg).launch(
         cluster, placement_strategy=placement.get_strategy("env"), name=cfg.env.group_name)
-    return EmbodiedRunner(cfg, actor=actor, rollout=rollout, env=env, cluster=cluster, run_dir=plan.run_dir)
+    runner_cls = AsyncEmbodiedRunner if asynchronous else EmbodiedRunner
+    return runner_cls(cfg, actor=actor, rollout=rollout, env=env, cluster=cluster, run_dir=plan.run_dir)
 
 
 # --- reasoning (runner.task_type: reasoning) -------------------------------------------------------------------------

@@ -32,6 +32,7 @@ Next stage: `stages/advantages.py`.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import time
 
@@ -279,13 +280,19 @@ class RolloutWorker(Worker):
         self.spec = spec
         self.model = build_policy(model_cfg, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
                                   self.cfg.rollout.sampling_params.temperature_train).to(self.device).eval()
-        self.receiver = make_weight_receiver(self.model)  # the CPU shared buffer, or a device buffer on a GPU
+        # the model's weights live in the buffer (zero copy); async PPO's in a copy's (load_newest_weights reads it)
+        asynchronous = self.cfg.algorithm.loss_type == "decoupled_actor_critic"
+        self.receiver = make_weight_receiver(copy.deepcopy(self.model) if asynchronous else self.model)
         self.noise_width = self.model.noise_width  # uniforms per sample (MLP: per action dim or choice; VLA: per bin)
         return self.receiver.handle()
 
     def sync_model_from_actor(self, version: int) -> float:
         """Wait until actor rank 0 has written `version` into this rank's buffer; returns seconds waited."""
         return self.receiver.wait_for_version(version, timeout=self.cfg.cluster.timeout_s)
+
+    def load_newest_weights(self, min_version: int) -> int:
+        """Async PPO, as a batch starts: the newest published version (>= min_version), copied torn-free; returns it."""
+        return self.receiver.load_newest(self.model, min_version, timeout=self.cfg.cluster.timeout_s)
 
     def _serve(self, mode: str, n_steps: int, rollout_channel: Channel, env_channel: Channel) -> int:
         if self.receiver.version < 0:

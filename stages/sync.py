@@ -43,7 +43,15 @@ from rlinf_mini.scheduler.shm import SharedSegment
 from rlinf_mini.scheduler.tracer import span
 from rlinf_mini.scheduler.worker import waiting_for_others
 from stages.sync_gpu import GpuSender, GpuWeightReceiver
-from stages.weight_buffer import TensorSlot, WeightBufferHandle, model_weights, plan_layout, wait_for_stamp
+from stages.weight_buffer import (
+    WRITING,
+    TensorSlot,
+    WeightBufferHandle,
+    model_weights,
+    plan_layout,
+    read_newest,
+    wait_for_stamp,
+)
 
 __all__ = ["TensorSlot", "WeightBufferHandle", "WeightReceiver", "WeightSender", "make_weight_receiver",
            "plan_layout"]  # the layout's names stay importable from here: tutorial 02 reads them in this file
@@ -101,6 +109,22 @@ class WeightReceiver:
     def _wait_stamp(self, version: int, timeout: float, start: float) -> None:
         wait_for_stamp(self._stamp, version, timeout, start)
 
+    def load_newest(self, model: torch.nn.Module, min_version: int, timeout: float) -> int:
+        """Async PPO: copy the newest stamped version (>= min_version; waits for it) into `model`, a model apart from
+        this buffer's (whose weights the actor may overwrite meanwhile); returns the version copied."""
+        if self.mailbox is not None:
+            raise NotImplementedError("async PPO's weight read on the Ray backend (its weights come by mailbox)")
+        weights = model_weights(model)
+
+        def copy_out() -> None:
+            with torch.no_grad():
+                for name, t in weights.items():
+                    t.copy_(self._views[name])
+
+        with span("wait_weights"), waiting_for_others():  # the inline backend runs the actor meanwhile
+            self.version = read_newest(self._stamp, copy_out, min_version, timeout)
+        return self.version
+
     def _wait_mailbox(self, version: int, timeout: float, start: float) -> None:
         """Ray: the actor's notice (a same-node buffer is written already) or the weights (from another node)."""
         ok, message = self.mailbox.get(self.segment.name, start + timeout, None, timeout)
@@ -153,6 +177,7 @@ class WeightSender:
                         self._gpu = GpuSender()
                     written += self._gpu.send(weights, h, seg, version)
                     continue
+                seg.view(torch.int64, (1,), 0).fill_(WRITING)  # first: a reader copying now will read again
                 for slot in h.layout:
                     src = weights[slot.name].detach()
                     seg.view(slot.dtype, slot.shape, slot.offset).copy_(src)

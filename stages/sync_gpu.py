@@ -21,7 +21,15 @@ import torch.multiprocessing  # noqa: F401  (registers CUDA IPC with ForkingPick
 
 from rlinf_mini.scheduler.shm import SharedSegment
 from rlinf_mini.scheduler.tracer import span
-from stages.weight_buffer import TensorSlot, WeightBufferHandle, model_weights, plan_layout, wait_for_stamp
+from stages.weight_buffer import (
+    WRITING,
+    TensorSlot,
+    WeightBufferHandle,
+    model_weights,
+    plan_layout,
+    read_newest,
+    wait_for_stamp,
+)
 
 _PATH_IPC, _PATH_HOST = 1, 2  # header bytes 8..15: how the last version arrived (the receiver loads only for HOST)
 
@@ -135,6 +143,25 @@ class GpuWeightReceiver:
     def _wait_stamp(self, version: int, timeout: float, start: float) -> None:
         wait_for_stamp(self._stamp, version, timeout, start)
 
+    def load_newest(self, model: torch.nn.Module, min_version: int, timeout: float) -> int:
+        """Async PPO: copy the newest stamped version (>= min_version) into `model`, from the device buffer (CUDA
+        IPC) or the host copy, redone if the actor wrote meanwhile (stages/weight_buffer.py::read_newest)."""
+        weights = model_weights(model)
+
+        def copy_out() -> None:
+            host = int(self._stamp[1]) == _PATH_HOST
+            with torch.no_grad():
+                for slot in self.layout:
+                    src = self.segment.view(slot.dtype, slot.shape, slot.offset) if host else \
+                        _device_view(self.flat, slot)
+                    weights[slot.name].copy_(src)
+                if self.flat.is_cuda:
+                    torch.cuda.synchronize(self.flat.device)  # the copy is done before the stamp is read again
+
+        with span("wait_weights"):
+            self.version = read_newest(self._stamp, copy_out, min_version, timeout)
+        return self.version
+
 
 class GpuSender:
     """Actor rank 0's device paths, per rollout buffer: CUDA IPC on its own GPU, pinned host copy elsewhere."""
@@ -153,6 +180,7 @@ class GpuSender:
     def send(self, weights: dict[str, torch.Tensor], h: WeightBufferHandle, seg: SharedSegment, version: int) -> int:
         written = 0
         header = seg.view(torch.int64, (2,), 0)  # [version, path]
+        header[0] = WRITING  # first: an async reader copying now will read again (weight_buffer.read_newest)
         if self.path(weights, h) == "cuda ipc":
             flat = self._ipc.get(h.segment_name)
             if flat is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -30,7 +31,13 @@ from rlinf_mini.utils.running_stats import moment_sums, moments_from_sums
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map
 from stages.actor_core import ActorCore, NonFiniteError, build_lr_scheduler, raise_if_not_finite, update_loop
 from stages.advantages import calculate_adv_and_returns, first_episode_mask
-from stages.losses import compute_ppo_actor_loss, compute_ppo_critic_loss, kl_penalty, masked_mean
+from stages.losses import (
+    compute_decoupled_ppo_actor_loss,
+    compute_ppo_actor_loss,
+    compute_ppo_critic_loss,
+    kl_penalty,
+    masked_mean,
+)
 from stages.placement import actor_pieces
 from stages.sync import WeightSender
 
@@ -51,21 +58,33 @@ def flatten_batch(batch: dict) -> dict:
         "returns": batch["returns"].reshape(-1),
         "loss_mask": batch["loss_mask"].reshape(-1).float(),
     }
-    if "ref_logprobs" in batch:
-        flat["ref_logprobs"] = batch["ref_logprobs"].reshape(-1)
+    for name in ("ref_logprobs", "proximal_logprobs", "versions"):  # versions [T, B]: the weights that acted
+        if name in batch:
+            flat[name] = batch[name].reshape(-1)
     return flat
 
 
-def compute_micro_batch_loss(policy: torch.nn.Module, mb: dict, cfg: TrainConfig
+def compute_micro_batch_loss(policy: torch.nn.Module, mb: dict, cfg: TrainConfig, current_version: int | None = None
                              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """loss = pg_loss - entropy_bonus * entropy + value_loss_coef * v_loss + kl_beta * kl, on one micro-batch [n]."""
+    """loss = pg_loss - entropy_bonus * entropy + value_loss_coef * v_loss + kl_beta * kl, on one micro-batch [n].
+    With loss_type decoupled_actor_critic, pg_loss is async PPO's (docs/async_ppo.md): the proximal log-probs are
+    mb["proximal_logprobs"] when the actor recomputed them, else interpolated from mb["versions"] and
+    `current_version` (the version this update makes)."""
     algo = cfg.algorithm
-    use_critic = algo.loss_type == "actor_critic"
+    use_critic = algo.loss_type in ("actor_critic", "decoupled_actor_critic")
     with autocast(cfg.actor.model.precision, next(policy.parameters()).device):  # bf16 on a GPU when asked
         out = policy.default_forward(mb["obs"], mb["actions"], compute_values=use_critic)
     out = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in out.items()}
-    pg_loss, metrics = compute_ppo_actor_loss(out["logprobs"], mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
-                                              algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c)
+    if algo.loss_type == "decoupled_actor_critic":
+        pg_loss, metrics = compute_decoupled_ppo_actor_loss(
+            out["logprobs"], mb["old_logprobs"], mb["advantages"], mb["loss_mask"], algo.clip_ratio_low,
+            algo.clip_ratio_high, algo.clip_ratio_c, proximal_logprobs=mb.get("proximal_logprobs"),
+            versions=mb["versions"], current_version=current_version,
+            behave_weight_threshold=algo.behave_weight_threshold)
+    else:
+        pg_loss, metrics = compute_ppo_actor_loss(out["logprobs"], mb["old_logprobs"], mb["advantages"],
+                                                  mb["loss_mask"], algo.clip_ratio_low, algo.clip_ratio_high,
+                                                  algo.clip_ratio_c)
     entropy = masked_mean(out["entropy"], mb["loss_mask"])
     loss = pg_loss - algo.entropy_bonus * entropy
     metrics |= {"actor/policy_loss": pg_loss.detach(), "actor/entropy_loss": entropy.detach()}
@@ -87,14 +106,14 @@ def update_policy(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, fla
                   average_gradients: Callable[[], None] = lambda: None,
                   step_is_finite: Callable[[bool, float, str], bool] = raise_if_not_finite,
                   lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-                  ) -> tuple[dict[str, float], int]:
+                  current_version: int | None = None) -> tuple[dict[str, float], int]:
     """`update_epoch` passes over this rank's flat samples [N, ...] (stages/actor_core.py::update_loop), with
     compute_micro_batch_loss on each micro-batch. Returns (this rank's mean of every metric over the steps taken,
     the number of steps skipped)."""
 
     def loss_fn(model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mb = {k: tree_map(lambda t: t[idx], v) for k, v in flat.items()}  # [n_mb, ...]
-        return compute_micro_batch_loss(model, mb, cfg)
+        return compute_micro_batch_loss(model, mb, cfg, current_version)
 
     return update_loop(policy, optimizer, flat["advantages"].shape[0], loss_fn, cfg.actor,
                        update_epoch=cfg.algorithm.update_epoch, global_step=global_step, rank=rank,
@@ -169,12 +188,15 @@ class ActorWorker(ActorCore):
 
     def run_training(self) -> dict[str, float]:
         """`update_epoch` passes over this rank's samples (update_policy); metrics averaged over the ranks."""
+        if self.cfg.actor.train_latency_s > 0:  # an update on a GPU, emulated (benchmarks/async_ppo.py)
+            time.sleep(self.cfg.actor.train_latency_s)
         flat = flatten_batch(self.batch)
         lr = self.lr_scheduler.get_last_lr()[0]  # the schedule's rate as this step's update begins
         means, skipped = update_policy(self.policy, self.optimizer, flat, self.cfg, global_step=self.global_step,
                                        rank=self._rank, world_size=self._world_size,
                                        average_gradients=self._average_gradients, step_is_finite=self._step_is_finite,
-                                       lr_scheduler=self.lr_scheduler)
+                                       lr_scheduler=self.lr_scheduler,
+                                       current_version=self.global_step + 1)  # async PPO's v_theta (losses.py)
         if self.cfg.actor.model.normalize_obs:  # after the update: the rollout's next obs meet the new statistics
             sums = self.all_reduce(moment_sums(flat["obs"]))  # [2D + 1] over every actor rank's samples
             self.policy.obs_normalizer.update_from_moments(*moments_from_sums(sums))

@@ -214,6 +214,7 @@ LONGEST_FIRST = ["test_faults.py",  # ~70 s: 15 training runs, 3 at a time
                  "test_tutorials.py::test_tutorial_runs_top_to_bottom[07_reasoning]",  # ~33 s
                  "test_tutorials.py::test_tutorial_runs_top_to_bottom[06_full_run]",  # ~15 s
                  "test_tutorials.py::test_tutorial_runs_top_to_bottom[03_rollout_pipeline]",  # ~20 s
+                 "test_async_ppo.py",  # ~60 s: 12 short runs, 4 subprocess runs
                  "test_bad_input.py",  # ~20 s
                  "test_docs.py",  # ~32 s: every troubleshooting message made to happen, two short runs
                  "test_ray_outside.py",  # ~55 s: a `ray start --head` cluster outside the run, joined twice

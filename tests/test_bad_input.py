@@ -90,7 +90,8 @@ def corpus() -> list[Bad]:
              "actor.micro_batch_size", "actor.model.hidden_dim", "actor.model.num_action_chunks", "actor.optim.lr",
              "actor.optim.value_lr", "actor.optim.adam_eps", "algorithm.clip_ratio_c",
              "runner.max_steps", "runner.val_check_interval", "runner.save_interval", "actor.model.obs_dim",
-             "actor.model.action_dim", "actor.optim.weight_decay", "rollout.policy_latency_s"]
+             "actor.model.action_dim", "actor.optim.weight_decay", "rollout.policy_latency_s",
+             "actor.train_latency_s"]
     for split in ("train", "eval"):
         sizes += [f"env.{split}.{k}" for k in ("total_num_envs", "max_steps_per_rollout_epoch", "max_episode_steps",
                                                "rollout_epoch", "step_latency_s", "group_size")]
@@ -99,7 +100,8 @@ def corpus() -> list[Bad]:
         for value in (-7, 0) if path not in ("runner.max_steps", "runner.val_check_interval",
                                              "runner.save_interval") else (-2, -100):
             if value == 0 and path in ("actor.optim.weight_decay", "env.train.step_latency_s",
-                                       "env.eval.step_latency_s", "rollout.policy_latency_s", "actor.model.obs_dim",
+                                       "env.eval.step_latency_s", "rollout.policy_latency_s", "actor.train_latency_s",
+                                       "actor.model.obs_dim",
                                        "actor.model.action_dim"):
                 continue  # 0 is meaningful there
             if value == 0 and path == "runner.val_check_interval":

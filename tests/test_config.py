@@ -230,8 +230,10 @@ def test_async_ppo_keys_have_rlinfs_defaults_and_read_rlinfs_values(tmp_path):
     save_config(cfg, tmp_path / "out.yaml")
     assert config_from_yaml(tmp_path / "out.yaml") == cfg
     cfg.algorithm.loss_type = "decoupled_actor_critic"
-    with pytest.raises(ConfigError, match="^[^\n]*algorithm.loss_type: 'decoupled_actor_critic' .* not yet "
-                                          "implemented[^\n]*$"):
+    cfg.algorithm.on_policy_min_ratio = 0.0  # the async runner trains every batch in order: only 0 runs
+    validate_config(cfg, file)
+    cfg.algorithm.staleness_threshold = None
+    with pytest.raises(ConfigError, match="^[^\n]*algorithm.staleness_threshold: async PPO [^\n]* needs a bound"):
         validate_config(cfg, file)
 
 
@@ -437,8 +439,12 @@ BAD_YAML = {  # id -> (sections merged into embodied.yaml, a string the error mu
                                "runner.logger.logger_backends"),
     "group_size_mismatch": ({"algorithm": {"group_size": 2}}, "env.train.group_size"),
     "grpo_group_of_one": ({"algorithm": {"adv_type": "grpo", "loss_type": "actor"}}, "algorithm.group_size"),
-    "decoupled_not_yet": ({"algorithm": {"loss_type": "decoupled_actor_critic", "staleness_threshold": 1}},
-                          "algorithm.loss_type: 'decoupled_actor_critic' (asynchronous PPO) is not yet implemented"),
+    "decoupled_without_bound": ({"algorithm": {"loss_type": "decoupled_actor_critic"}},
+                                "algorithm.staleness_threshold: async PPO"),
+    "decoupled_on_policy_min_ratio": ({"algorithm": {"loss_type": "decoupled_actor_critic", "staleness_threshold": 1,
+                                                     "on_policy_min_ratio": 0.5}}, "algorithm.on_policy_min_ratio"),
+    "decoupled_weight_sync_interval": ({"algorithm": {"loss_type": "decoupled_actor_critic", "staleness_threshold": 1},
+                                        "runner": {"weight_sync_interval": 2}}, "runner.weight_sync_interval"),
 }
 
 

@@ -288,6 +288,17 @@ def test_port_refuses_an_algorithm_rlinf_mini_does_not_have(tmp_path, capsys):
     assert "algorithm.adv_type 'embodied_sac'" in capsys.readouterr().err
 
 
+def test_port_of_an_async_ppo_config_keeps_the_async_runner_and_bounds_it(tmp_path):
+    """RLinf's maniskill_async_ppo_mlp.yaml sets loss_type decoupled_actor_critic and no staleness_threshold (null):
+    the port keeps the loss (the async runner) and sets the bound to 1, saying why; the result passes every check."""
+    port = Port(write_rlinf_tree(tmp_path, PRIMARY.replace("loss_type: actor_critic",
+                                                           "loss_type: decoupled_actor_critic")))
+    replaced = {p: (old, new) for p, old, new, _ in port.replaced}
+    assert replaced["algorithm.staleness_threshold"] == (None, 1)
+    cfg = port.config()
+    assert cfg.algorithm.loss_type == "decoupled_actor_critic" and cfg.algorithm.staleness_threshold == 1
+
+
 def test_key_table_lists_each_key_with_a_verdict(tmp_path):
     table = key_table(write_rlinf_tree(tmp_path).parent)
     rows = [ln for ln in table.splitlines() if ln.startswith("| `")]

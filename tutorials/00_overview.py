@@ -67,7 +67,8 @@
 # The tutorials, in the order of one step: **00** overview (this one), **01** placement, **02** weight sync,
 # **03** the rollout pipeline, **04** advantages, **05** training, **06** the full run (config → cluster → groups →
 # runner, checkpoint, resume, eval, metrics), **07** the same step for a reasoning LLM (GRPO with a verifier's
-# reward), and **08** bringing your own environment (the env contract, MetaWorld as the example). Each imports the
+# reward), **08** bringing your own environment (the env contract, MetaWorld as the example), and **09**
+# asynchronous PPO (env and rollout run ahead of the actor, within a staleness bound). Each imports the
 # code it explains; none copies it.
 
 # %%
@@ -75,7 +76,7 @@ from workbench import OUT, ROOT
 
 STAGE_FILES = ["placement", "sync", "rollout", "advantages", "train"]
 TUTORIALS = ["00_overview", "01_placement", "02_weight_sync", "03_rollout_pipeline", "04_advantages",
-             "05_training", "06_full_run", "07_reasoning", "08_your_own_env"]
+             "05_training", "06_full_run", "07_reasoning", "08_your_own_env", "09_async_ppo"]
 print("\n".join(f"tutorials/{name}.py" for name in TUTORIALS))
 assert sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.py")) == TUTORIALS
 

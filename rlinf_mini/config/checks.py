@@ -85,6 +85,8 @@ def validate_config(cfg: TrainConfig, source: str) -> None:
                 fail(f"env.{split}.init_params.grid_size", f"must be >= 2, got {e.init_params.grid_size}")
     if cfg.rollout.policy_latency_s < 0:
         fail("rollout.policy_latency_s", f"must be >= 0, got {cfg.rollout.policy_latency_s}")
+    if cfg.actor.train_latency_s < 0:
+        fail("actor.train_latency_s", f"must be >= 0, got {cfg.actor.train_latency_s}")
     positive |= {"actor.optim.lr": cfg.actor.optim.lr, "actor.optim.value_lr": cfg.actor.optim.value_lr,
                  "actor.optim.adam_eps": cfg.actor.optim.adam_eps}
     for key, value in positive.items():
@@ -207,8 +209,8 @@ def check_first_episode_mask(cfg: TrainConfig, source: str) -> None:
 
 
 def check_async_ppo(cfg: TrainConfig, source: str) -> None:
-    """The asynchronous PPO keys (RLinf's async_ppo_embodied_runner; docs/async_ppo.md): their ranges, and the
-    decoupled loss's runner, which is not there yet."""
+    """The asynchronous PPO keys (RLinf's async_ppo_embodied_runner; docs/async_ppo.md): their ranges, and what
+    the async runner needs when loss_type is decoupled_actor_critic."""
     algo = cfg.algorithm
 
     def fail(key: str, msg: str) -> None:
@@ -224,10 +226,24 @@ def check_async_ppo(cfg: TrainConfig, source: str) -> None:
         fail("algorithm.rollout_store_size_per_rank", f"must be positive, got {algo.rollout_store_size_per_rank}")
     if not 0 <= algo.on_policy_min_ratio <= 1:
         fail("algorithm.on_policy_min_ratio", f"must be in [0, 1] (a share of samples), got {algo.on_policy_min_ratio}")
-    if algo.loss_type == "decoupled_actor_critic":
-        fail("algorithm.loss_type", "'decoupled_actor_critic' (asynchronous PPO) is not yet implemented: its loss is "
-                                    "stages/losses.py's compute_decoupled_ppo_actor_loss, its async runner is not "
-                                    "there yet; use 'actor_critic'")
+    if algo.loss_type != "decoupled_actor_critic":
+        return
+    # what the async runner (runners/embodied_async.py) needs
+    if cfg.runner.task_type != "embodied":
+        fail("algorithm.loss_type", "'decoupled_actor_critic' (async PPO) is the embodied half's; the reasoning "
+                                    "runner trains 'actor'")
+    if algo.staleness_threshold is None:
+        fail("algorithm.staleness_threshold", "async PPO (loss_type decoupled_actor_critic) needs a bound: 0 (the "
+                                              "synchronous schedule), 1 or 2 as RLinf's examples")
+    if algo.on_policy_min_ratio > 0:
+        fail("algorithm.on_policy_min_ratio", f"{algo.on_policy_min_ratio}: the async runner trains every batch in "
+                                              f"order and cannot wait for fresher ones; only 0 is supported")
+    if cfg.runner.weight_sync_interval != 1:
+        fail("runner.weight_sync_interval", f"{cfg.runner.weight_sync_interval}: async PPO publishes the weights "
+                                            f"after every update (its versions count updates); set 1")
+    if cfg.cluster.backend == "ray":
+        fail("cluster.backend", "'ray' does not run async PPO yet (its weights come by mailbox, which the rollout's "
+                                "torn-free read does not poll); use 'local' or 'inline'")
 
 
 def check_precision(cfg: TrainConfig, num_gpus: int, source: str) -> None:

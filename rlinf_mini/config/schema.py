@@ -110,8 +110,8 @@ class AlgorithmConfig:
     loss_type: Literal["actor_critic", "actor", "decoupled_actor_critic"] = "actor_critic"
     """'actor_critic' = PPO policy loss + clipped Huber value loss; 'actor' = policy loss only (GRPO, Reinforce++);
     'decoupled_actor_critic' = asynchronous PPO's loss (AReaL's decoupled PPO: clipped against a proximal policy,
-    weighted by proximal / behaviour; docs/async_ppo.md) + the value loss. Its async runner is not yet implemented:
-    selecting it is refused before any worker starts."""
+    weighted by proximal / behaviour; docs/async_ppo.md) + the value loss; selects the asynchronous runner
+    (runners/embodied_async.py), which needs algorithm.staleness_threshold."""
     gamma: float = 1.0
     """Discount factor of GAE (RLinf's default 1; Reinforce++ and GRPO never discount, as in RLinf)."""
     gae_lambda: float = 1.0
@@ -350,9 +350,12 @@ class ActorConfig:
     skip_nonfinite: bool = False
     """rlinf_mini: on a NaN/inf loss or gradient, skip that optimizer step (and log it) instead of stopping the run."""
     sync_weight_no_wait: bool = False
-    """Async runs: the runner hands new weights over without waiting for the rollout to take them; the rollout
-    applies them in the background between its rollout epochs, requests that pile up merged into one (RLinf's default
-    false: each sync is waited for; RLinf's async PPO runner waits either way, its async SAC runner reads it)."""
+    """Async PPO: the driver queues the next batches without waiting for actor rank 0's copy of the new weights;
+    the rollout reads the newest version at the start of each batch and waits for the stamp only where the staleness
+    bound needs it (RLinf's default false: each sync is waited for; RLinf's async SAC runner reads it)."""
+    train_latency_s: float = 0.0
+    """rlinf_mini: sleep this long in every run_training call, to emulate an update on a GPU (a sleep: the process's
+    core stays free), for the async-vs-sync benchmark beside env.train.step_latency_s and rollout.policy_latency_s."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -46,8 +46,13 @@ class EmbodiedRunner(Runner):
         # env <-> rollout queues hold at most one message per (mode, env rank, stage) key in flight, plus slack
         self.env_channel = Channel.create(f"{cfg.env.group_name}.Env", cluster, maxsize=stages + 1)
         self.rollout_channel = Channel.create(f"{cfg.rollout.group_name}.Rollout", cluster, maxsize=stages + 1)
-        # one trajectory piece per key per step (keys are piece indices)
-        self.actor_channel = Channel.create(f"{cfg.actor.group_name}.Actor", cluster, maxsize=1)
+        # one trajectory piece per key per batch in flight (keys are piece indices)
+        self.actor_channel = Channel.create(f"{cfg.actor.group_name}.Actor", cluster,
+                                            maxsize=self.batches_in_flight())
+
+    def batches_in_flight(self) -> int:
+        """The most rollout batches produced and not yet taken by the actor: one (the async runner's: more)."""
+        return 1
 
     def init_workers(self) -> None:
         """Rollout and env build at the same time; then the actor. Resume if runner.resume_dir says so."""
@@ -64,12 +69,7 @@ class EmbodiedRunner(Runner):
         env_run = self.env.interact(self.rollout_channel, self.env_channel, self.actor_channel, self.global_step)
         rollout_run = self.rollout.generate(self.rollout_channel, self.env_channel)
         self.actor.recv_rollout_trajectories(self.actor_channel).wait()
-        rollout_metrics = rollout_run.wait()
-        env_metrics = env_run.wait()
-        return _mean_over_ranks(env_metrics) | {
-            "rollout/samples": sum(m["rollout/samples"] for m in rollout_metrics),
-            "time/rollout/generate": max(m["time/rollout/generate"] for m in rollout_metrics),
-        }
+        return generation_metrics(env_run.wait(), rollout_run.wait())
 
     def evaluate(self) -> dict[str, float]:
         video_cfg = self.cfg.env.eval.video_cfg
@@ -134,6 +134,15 @@ class EmbodiedRunner(Runner):
                              f"{self.env.world_size}")
         for rank, env_state in enumerate(env_states):
             self.env.execute_on(rank).set_state(env_state).wait()
+
+
+def generation_metrics(env_metrics: list[dict[str, float]], rollout_metrics: list[dict[str, float]]
+                       ) -> dict[str, float]:
+    """One batch's env metrics (mean over env ranks) and rollout metrics (samples summed, the slowest rank's time)."""
+    return _mean_over_ranks(env_metrics) | {
+        "rollout/samples": sum(m["rollout/samples"] for m in rollout_metrics),
+        "time/rollout/generate": max(m["time/rollout/generate"] for m in rollout_metrics),
+    }
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
