@@ -182,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     best = result.best
     out = Path(args.out) if args.out else (Path(cfg.runner.logger.log_path) / "autotune"
                                            / f"{Path(source.split(' + ')[0]).stem}.yaml")
-    write_overlay(best.layout, out, f"python -m rlinf_mini.autotune for {source}: predicted step {best.prediction.step_s:.4f} s, "
-                             f"bubble {best.prediction.bubble:.0%}")
+    write_overlay(best.layout, out, f"python -m rlinf_mini.autotune for {source}: predicted step "
+                                    f"{best.prediction.step_s:.4f} s, bubble {best.prediction.bubble:.0%}")
     print(f"\npick: {best.layout.describe()}, {best.layout.stages} stage(s): predicted {best.prediction.step_s:.4f} s "
           f"per step" + ("" if result.current.refusal or result.current.prediction is None else
                          f" (your config: {result.current.prediction.step_s:.4f} s)"))

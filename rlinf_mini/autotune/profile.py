@@ -85,7 +85,7 @@ def profile(cfg: TrainConfig, env_sizes: set[int], actor_sizes: dict[int, int], 
     weight_bytes = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
     for m, world_size in sorted(actor_sizes.items()):
         idx = torch.arange(m) % out["logprobs"].shape[0]  # m samples [m, ...] from the n measured rows
-        flat = {"obs": tree_map(lambda t: t[idx].to(device), obs), "actions": out["actions"][idx],
+        flat = {"obs": tree_map(lambda t, idx=idx: t[idx].to(device), obs), "actions": out["actions"][idx],
                 "old_logprobs": out["logprobs"][idx].float(), "old_values": out["values"][idx].float(),
                 "advantages": torch.randn(m, device=device), "returns": torch.randn(m, device=device),
                 "loss_mask": torch.ones(m, device=device)}

@@ -368,7 +368,8 @@ class ProfileDataConfig:
     actor_cost: float = 0.0
     """RLinf's: seconds of the actor's update of one step's batch, actor on all devices; 0 = not given."""
     actor_profile_data: dict[str, float] = field(default_factory=dict)
-    """rlinf_mini: samples per actor rank -> seconds of one step's update (update_epoch passes); wins over actor_cost."""
+    """rlinf_mini: samples per actor rank -> seconds of one step's update (update_epoch passes); wins over
+    actor_cost."""
     hop_s: float = -1.0
     """rlinf_mini: seconds one channel message adds to a chunk step; -1 = calibrate with a short real run (or 0
     when the three costs above are given)."""
