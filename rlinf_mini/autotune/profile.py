@@ -156,6 +156,17 @@ def layout_config(cfg: TrainConfig, layout: Layout) -> TrainConfig:
                                rollout=dataclasses.replace(cfg.rollout, pipeline_stage_num=layout.stages))
 
 
+def quiet_config(cfg: TrainConfig, log_path: str, tag: str) -> TrainConfig:
+    """cfg for a timed run beside others in one cluster: its own group names and run folder, no eval, checkpoint,
+    trace, progress bar or logger files but metrics.jsonl."""
+    runner = dataclasses.replace(cfg.runner, progress_bar=False, trace=False, log_interval=1000, val_check_interval=-1,
+                                 save_interval=-1, logger=dataclasses.replace(cfg.runner.logger, log_path=log_path,
+                                                                              experiment_name=tag, logger_backends=[]))
+    return dataclasses.replace(cfg, runner=runner, env=dataclasses.replace(cfg.env, group_name=f"Env{tag}"),
+                               rollout=dataclasses.replace(cfg.rollout, group_name=f"Rollout{tag}"),
+                               actor=dataclasses.replace(cfg.actor, group_name=f"Actor{tag}"))
+
+
 def measure_steps(cfgs: dict[str, TrainConfig], reps: int, source: str) -> dict[str, dict[str, float]]:
     """Each config's median {"generate_s", "step_s"} (the runner's `time/generate_rollouts` and `time/step`) over
     `reps` training steps after one warm-up step; every config's runner in one cluster, the configs in turn within a
@@ -165,16 +176,7 @@ def measure_steps(cfgs: dict[str, TrainConfig], reps: int, source: str) -> dict[
 
     times: dict[str, list[dict[str, float]]] = {tag: [] for tag in cfgs}
     with tempfile.TemporaryDirectory(prefix="autotune_") as log_path:
-        quiet = {}
-        for tag, cfg in cfgs.items():
-            runner_cfg = dataclasses.replace(
-                cfg.runner, progress_bar=False, trace=False, log_interval=1000, val_check_interval=-1,
-                save_interval=-1, logger=dataclasses.replace(cfg.runner.logger, log_path=log_path,
-                                                              experiment_name=tag, logger_backends=[]))
-            quiet[tag] = dataclasses.replace(  # one cluster: every group needs its own name
-                cfg, runner=runner_cfg, env=dataclasses.replace(cfg.env, group_name=f"Env{tag}"),
-                rollout=dataclasses.replace(cfg.rollout, group_name=f"Rollout{tag}"),
-                actor=dataclasses.replace(cfg.actor, group_name=f"Actor{tag}"))
+        quiet = {tag: quiet_config(cfg, log_path, tag) for tag, cfg in cfgs.items()}
         cluster = Cluster(next(iter(quiet.values())).cluster)
         try:
             runners = {}
