@@ -29,7 +29,8 @@ from benchmarks.pipeline import measure
 
 REGIMES = {  # name -> (config, key=value's)
     "env-bound": ("configs/embodied_mlp.yaml", ["env.train.step_latency_s=0.004", "rollout.policy_latency_s=0.0005"]),
-    "policy-bound": ("configs/embodied_mlp.yaml", ["env.train.step_latency_s=0.0005", "rollout.policy_latency_s=0.004"]),
+    "policy-bound": ("configs/embodied_mlp.yaml",
+                     ["env.train.step_latency_s=0.0005", "rollout.policy_latency_s=0.004"]),
     "balanced": ("configs/embodied_mlp.yaml", ["env.train.step_latency_s=0.002", "rollout.policy_latency_s=0.002"]),
     "metaworld": ("configs/metaworld_reach.yaml", []),
 }
@@ -74,13 +75,14 @@ def check(name: str, config: str, overrides: list[str], reps: int) -> dict:
               "costs": {"hop_s": result.costs.hop_s, "fixed_s": result.costs.fixed_s}, "grid": grid,
               "pick_vs_best": pick["measured_step_s"] / best - 1,
               "predicted_vs_measured": pick["predicted_step_s"] / pick["measured_step_s"] - 1}
-    print(f"\n{'#':>2}  {'placement':44} {'stages':>6} {'predicted s':>11} {'measured s':>10} {'error':>7}")
+    print(f"\n{'#':>2}  {'placement':44} {'stages':>6} {'predicted s':>11} {'measured s':>10} {'error':>7}  "
+          f"rollout s predicted / measured")
     for i, g in enumerate(grid):
         desc = " | ".join(f"{k}: {v}" for k, v in g["placement"].items())
         err = g["predicted_step_s"] / g["measured_step_s"] - 1
         mark = "  <- pick" if i == 0 else ("  <- measured best" if g["measured_step_s"] == best else "")
         print(f"{i + 1:>2}  {desc:44} {g['stages']:>6} {g['predicted_step_s']:>11.4f} {g['measured_step_s']:>10.4f} "
-              f"{err:>+7.0%}{mark}")
+              f"{err:>+7.0%}  {g['predicted_rollout_s']:.4f} / {g['measured_rollout_s']:.4f}{mark}")
     print(f"pick's measured step vs the grid's best: {report['pick_vs_best']:+.1%} (goal within 5 %: "
           f"{'met' if report['pick_vs_best'] <= 0.05 else 'MISSED'}); pick's predicted vs measured: "
           f"{report['predicted_vs_measured']:+.1%} (goal within 20 %: "

@@ -168,7 +168,7 @@ def quiet_config(cfg: TrainConfig, log_path: str, tag: str) -> TrainConfig:
 
 
 def measure_steps(cfgs: dict[str, TrainConfig], reps: int, source: str) -> dict[str, dict[str, float]]:
-    """Each config's median {"generate_s", "step_s"} (the runner's `time/generate_rollouts` and `time/step`) over
+    """Each config's median {"generate_s", "step_s", "train_s"} (the runner's timers) over
     `reps` training steps after one warm-up step; every config's runner in one cluster, the configs in turn within a
     round (a busy machine slows each alike). No eval, no checkpoint."""
     from rlinf_mini.scheduler.cluster import Cluster
@@ -191,7 +191,8 @@ def measure_steps(cfgs: dict[str, TrainConfig], reps: int, source: str) -> dict[
                     runner.max_steps = runner.global_step + 1
                     last = runner.run()[-1]
                     if rnd > 0:
-                        times[tag].append({"generate_s": last["time/generate_rollouts"], "step_s": last["time/step"]})
+                        times[tag].append({"generate_s": last["time/generate_rollouts"], "step_s": last["time/step"],
+                                           "train_s": last["time/actor_training"]})
         finally:
             cluster.shutdown()
     return {tag: {k: statistics.median(t[k] for t in v) for k in v[0]} for tag, v in times.items()}
@@ -199,19 +200,21 @@ def measure_steps(cfgs: dict[str, TrainConfig], reps: int, source: str) -> dict[
 
 def calibrate(cfg: TrainConfig, costs: Costs, work: Workload, layouts: list[Layout], source: str,
               reps: int = 2) -> Costs:
-    """hop_s and fixed_s from real steps of `layouts` (two that lean on hop_s unequally): the rollout phase measured
-    minus predicted with hop 0 is hop x (the prediction's slope in hop), solved by least squares through 0; the rest
-    of the step measured minus the predicted update is fixed (sync, advantages, the gradient all-reduce), averaged.
+    """hop_s, fixed_s and the update's cost from real steps of `layouts` (two that lean on hop_s unequally): the
+    rollout phase measured minus predicted with hop 0 is hop x (the prediction's slope in hop), solved by least
+    squares through 0; the runner's own `time/actor_training` replaces A at its batch (the real update, gradient
+    all-reduce included, at the real placement); the rest of the step is fixed (sync, advantages, dispatch).
     Negative values are clamped to 0."""
     base = dataclasses.replace(costs, hop_s=0.0, fixed_s=0.0)
     measured = measure_steps({f"cal{i}": layout_config(cfg, lay) for i, lay in enumerate(layouts)}, reps, source)
     delta = 1e-3
-    residual, slope, rest = [], [], []
+    residual, slope, actor = [], [], dict(costs.actor.points)
     for i, lay in enumerate(layouts):
         p0, p1 = predict(lay, base, work), predict(lay, dataclasses.replace(base, hop_s=delta), work)
         m = measured[f"cal{i}"]
         residual.append(m["generate_s"] - p0.generate_s)
         slope.append((p1.generate_s - p0.generate_s) / delta)
-        rest.append(m["step_s"] - m["generate_s"] - p0.train_s)
+        actor[work.samples // len(lay.actor)] = m["train_s"]
     hop = sum(r * s for r, s in zip(residual, slope, strict=True)) / sum(s * s for s in slope)
-    return dataclasses.replace(costs, hop_s=max(hop, 0.0), fixed_s=max(statistics.mean(rest), 0.0))
+    fixed = statistics.mean(m["step_s"] - m["generate_s"] - m["train_s"] for m in measured.values())
+    return dataclasses.replace(costs, actor=Affine.of(actor), hop_s=max(hop, 0.0), fixed_s=max(fixed, 0.0))
