@@ -8,6 +8,8 @@ Every measurement calls the code a worker runs: `make_env(...).chunk_step` (stag
 `predict_action_batch` after `prepare_inputs` (RolloutWorker), `update_policy` (stages/train.py's ActorWorker), with
 the torch threads of one rank (cluster.threads_per_device). The latency knobs are waits: E includes the env's
 (it sleeps in chunk_step); P adds rollout.policy_latency_s, which the rollout worker sleeps after inferring.
+E is measured at the smallest and the largest batch, then at the others while building them fits ENV_BUILD_BUDGET_S
+(a MetaWorld sub-env takes ~0.5 s to build); P at every batch, on the rows of the largest env built.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 
 from rlinf_mini.autotune.model import Affine, Costs, Layout, Workload, predict
 from rlinf_mini.config import ConfigError, ProfileDataConfig, TrainConfig
+
+ENV_BUILD_BUDGET_S = 20.0  # past two sizes, an env size is measured only if building it fits in this
 
 
 def _rss_bytes() -> int:
@@ -48,7 +52,6 @@ def profile(cfg: TrainConfig, env_sizes: set[int], actor_sizes: dict[int, int], 
     """E(n) for every n in env_sizes, P(n) for the same batches, A(m) for each {samples per rank m: actor ranks}."""
     from rlinf_mini.envs import get_env_spec, make_env
     from rlinf_mini.models import build_policy
-    from rlinf_mini.utils.seeding import counter_uniform
     from rlinf_mini.utils.tensor_tree import tree_map
     from stages.train import update_policy
 
@@ -60,26 +63,34 @@ def profile(cfg: TrainConfig, env_sizes: set[int], actor_sizes: dict[int, int], 
     policy = build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete, spec.image_shape,
                           cfg.rollout.sampling_params.temperature_train).to(device).eval()
     env_s, policy_s, subenv_bytes, last = {}, {}, 0, None
+    built_s = 0.0  # seconds spent building envs: MetaWorld takes ~0.5 s a sub-env (more on a busy machine)
     with torch.no_grad():
-        for n in sorted(env_sizes, reverse=True):
+        for n in build_order(env_sizes):
+            if len(env_s) >= 2 and built_s / sum(env_s) * n > ENV_BUILD_BUDGET_S - built_s:
+                if progress is not None:  # two sizes fit the line; the rest would take too long to build
+                    progress.update(1)
+                continue
+            t = time.perf_counter()
             before = _rss_bytes()
             env = make_env(cfg.env.train, torch.arange(n), chunks)
             obs = env.reset()
+            built_s += time.perf_counter() - t
             subenv_bytes = max(subenv_bytes, (_rss_bytes() - before) // n)
-
-            def infer(obs=obs, n=n):
-                noise = counter_uniform(cfg.actor.seed, torch.arange(n), 0, policy.noise_width).to(device)
-                return policy.predict_action_batch(policy.prepare_inputs(obs), noise, mode="train")
-
-            policy_s[n] = _median_time(infer, reps) + cfg.rollout.policy_latency_s
-            actions = infer()["actions"].float().cpu()
+            out = _infer(policy, obs, n, cfg.actor.seed, device)
+            actions = out["actions"].float().cpu()
             env_s[n] = _median_time(lambda env=env, actions=actions: env.chunk_step(actions), reps)
-            if last is None:  # the largest batch: the rows the actor's samples are made of
-                out = infer()
-                last = (out.get("forward_inputs", obs), out)
+            if last is None or n > last[2]:  # the largest env's rows: what the policy and the actor are fed
+                last = (obs, out, n)
             env.close()
             if progress is not None:
                 progress.update(1)
+        rows, out, n_rows = last
+        for n in sorted(env_sizes):  # P at every batch the layouts call, on rows of the largest env built
+            idx = torch.arange(n) % n_rows
+            batch = tree_map(lambda t, idx=idx: t[idx] if isinstance(t, torch.Tensor) else t, rows)
+            policy_s[n] = _median_time(lambda b=batch, n=n: _infer(policy, b, n, cfg.actor.seed, device), reps) \
+                + cfg.rollout.policy_latency_s  # the rollout worker's sleep after inferring
+    last = (out.get("forward_inputs", rows), out)
     actor_s = {}
     obs, out = last
     weight_bytes = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
@@ -100,6 +111,20 @@ def profile(cfg: TrainConfig, env_sizes: set[int], actor_sizes: dict[int, int], 
                  env_wait_s=cfg.env.train.step_latency_s * chunks, policy_wait_s=cfg.rollout.policy_latency_s,
                  process_bytes=process_bytes, weight_bytes=weight_bytes, sample_bytes=sample_bytes,
                  subenv_bytes=subenv_bytes)
+
+
+def _infer(policy, obs, n: int, seed: int, device: str) -> dict:
+    """One inference as the rollout worker makes it: prepare_inputs, the counter-based noise, predict_action_batch."""
+    from rlinf_mini.utils.seeding import counter_uniform
+
+    noise = counter_uniform(seed, torch.arange(n), 0, policy.noise_width).to(device)
+    return policy.predict_action_batch(policy.prepare_inputs(obs), noise, mode="train")
+
+
+def build_order(sizes: set[int]) -> list[int]:
+    """Smallest, largest, then the rest ascending: the first two span the line E(n) is fit to."""
+    ordered = sorted(sizes)
+    return ordered[:1] + ordered[1:][::-1][:1] + ordered[1:-1]
 
 
 def _leaves(tree) -> list[torch.Tensor]:
@@ -157,12 +182,20 @@ def layout_config(cfg: TrainConfig, layout: Layout) -> TrainConfig:
 
 
 def quiet_config(cfg: TrainConfig, log_path: str, tag: str) -> TrainConfig:
-    """cfg for a timed run beside others in one cluster: its own group names and run folder, no eval, checkpoint,
-    trace, progress bar or logger files but metrics.jsonl."""
+    """cfg for a timed run beside others in one cluster: its own group names and run folder, no eval (and the
+    fewest eval envs), checkpoint, trace, progress bar or logger files but metrics.jsonl."""
+    from rlinf_mini.explain import num_devices
+    from stages.placement import HybridComponentPlacement
+
+    # the eval envs are built but never stepped here: one per env rank and stage (MetaWorld's 52 take a minute)
+    env_ranks = HybridComponentPlacement(cfg.cluster.component_placement, num_devices(cfg)).get_world_size("env")
+    eval_envs = env_ranks * cfg.rollout.pipeline_stage_num * cfg.env.eval.group_size
+    env = dataclasses.replace(cfg.env, group_name=f"Env{tag}",
+                              eval=dataclasses.replace(cfg.env.eval, total_num_envs=eval_envs))
     runner = dataclasses.replace(cfg.runner, progress_bar=False, trace=False, log_interval=1000, val_check_interval=-1,
                                  save_interval=-1, logger=dataclasses.replace(cfg.runner.logger, log_path=log_path,
                                                                               experiment_name=tag, logger_backends=[]))
-    return dataclasses.replace(cfg, runner=runner, env=dataclasses.replace(cfg.env, group_name=f"Env{tag}"),
+    return dataclasses.replace(cfg, runner=runner, env=env,
                                rollout=dataclasses.replace(cfg.rollout, group_name=f"Rollout{tag}"),
                                actor=dataclasses.replace(cfg.actor, group_name=f"Actor{tag}"))
 
