@@ -194,3 +194,29 @@ def test_reasoning_is_refused_in_one_line(capsys):
     assert main(["--config", "configs/math.yaml", "--no-progress-bar"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "runner.task_type: reasoning" in err and "not built" in err
+
+
+def test_overlay_replaces_the_whole_placement(tmp_path):
+    """configs/metaworld_reach.yaml places 'env,rollout,actor' under one key; an overlay with a key per component
+    replaces it (merged, the env would be placed twice)."""
+    hybrid = Layout((0,), (1,), (0, 1), 2, "hybrid")
+    write_overlay(hybrid, tmp_path / "o.yaml", "test")
+    cfg = load_config(["--config", "configs/metaworld_reach.yaml", "--config", str(tmp_path / "o.yaml")])
+    assert cfg.cluster.component_placement == {"env": "0", "rollout": "1", "actor": "all"}
+    assert cfg.rollout.pipeline_stage_num == 2 and cfg.env.train.env_type == "metaworld"
+
+
+def test_explain_says_whether_the_placement_is_the_pick():
+    cfg = load_config(["--config", CONFIG, *PROFILE])
+    best = autotune(cfg, CONFIG, progress=False).best.layout
+    text, error = explain(cfg, CONFIG, num_gpus=0)
+    assert error is None
+    picked = (cfg.rollout.pipeline_stage_num == best.stages
+              and cfg.cluster.component_placement == {"env": "0", "rollout": "1", "actor": "0-1"}
+              and best.placement() == {"env": "0", "rollout": "1", "actor": "all"})
+    assert ("this placement and depth are its pick" in text) == picked
+    assert ("not its pick; the pick is " + best.describe()) in text or picked
+    tuned = load_config(["--config", CONFIG, *PROFILE, *overrides(best)])
+    assert "this placement and depth are its pick" in explain(tuned, CONFIG, num_gpus=0)[0]
+    plain, _ = explain(load_config(["--config", CONFIG]), CONFIG, num_gpus=0)
+    assert "autotune" not in plain  # no profile_data: nothing is profiled inside --explain

@@ -128,7 +128,8 @@ def table(result: Result) -> str:
             lines.append(f"{'-':>2}  {row.layout.describe():44} {row.layout.stages:>6}  {row.refusal}{mark}")
             continue
         p = row.prediction
-        mem = " ".join(f"{b / 2**20:.0f}" for _, b in sorted(p.memory_bytes.items()))
+        mem = " ".join(f"{b / 2**20:.0f}" for _, b in sorted(p.memory_bytes.items())) \
+            if any(p.memory_bytes.values()) else "n/a (not in profile_data)"
         lines.append(f"{i + 1:>2}  {row.layout.describe():44} {row.layout.stages:>6} {p.step_s:>8.4f} "
                      f"{p.generate_s:>9.4f} {p.train_s:>8.4f} {p.bubble:>6.0%}  {mem}{mark}")
     return "\n".join(lines)
