@@ -20,21 +20,21 @@ BIG = 2**50  # bytes: no memory refusal
 
 def simulate_rollout(E: float, P: float, hop: float, stages: int, k: int, T: int) -> float:
     """The rollout phase, message by message: k env ranks (own devices) step their stages in turn; one rollout rank
-    serves, per chunk step and stage, each env rank in turn; a message arrives `hop` after it is sent. Returns the
+    serves, per chunk step and stage, each env rank in turn; taking a message costs its receiver `hop`. Returns the
     time the last (bootstrap) inference ends."""
-    obs = {(r, s, 0): hop for r in range(k) for s in range(stages)}  # every stage's first obs, put at time 0
+    obs = {(r, s, 0): 0.0 for r in range(k) for s in range(stages)}  # every stage's first obs, put at time 0
     env_free, rollout_free, actions = [0.0] * k, 0.0, {}
     for t in range(T + 1):
         for s in range(stages):
             for r in range(k):
-                rollout_free = max(rollout_free, obs[(r, s, t)]) + P
-                actions[(r, s, t)] = rollout_free + hop
+                rollout_free = max(rollout_free, obs[(r, s, t)]) + hop + P
+                actions[(r, s, t)] = rollout_free
         if t == T:
             return rollout_free
         for r in range(k):
             for s in range(stages):
-                env_free[r] = max(env_free[r], actions[(r, s, t)]) + E
-                obs[(r, s, t + 1)] = env_free[r] + hop
+                env_free[r] = max(env_free[r], actions[(r, s, t)]) + hop + E
+                obs[(r, s, t + 1)] = env_free[r]
     raise AssertionError("unreachable")
 
 

@@ -11,11 +11,11 @@ as measured, the fit only fills the gaps (RLinf's DataFitter does the same with 
 The pipeline formula. A layout puts W_e env ranks, W_r rollout ranks and W_a actor ranks on devices (one rank per
 device) with S pipeline stages: an env call steps n = N / (W_e S) sub-envs, a rollout rank serves k = W_e / W_r env
 ranks, one call each. A chunk step of all stages takes at least each of
-  E + P + 2 hop    one stage's round trip: its env step, its obs message, its inference, its actions message
-  S E              the env rank's work;   S k P: the rollout rank's work
+  E + P + 2 hop    one stage's round trip: its env step, its inference, and each of its two messages, which
+                   costs its receiver `hop` (waking up, reading it) before the work can start
+  S (E + hop)      the env rank's work;   S k (P + hop): the rollout rank's work
   S (cE + k cP)    the compute of the env and rollout ranks sharing one device (c = the cost minus its waits: waits
-                   overlap, compute on one core does not), + S (1 + k) hop there: two processes on one core pay the
-                   messages in core time too
+                   overlap, compute on one core does not), + S (1 + k) hop there
 and the slowest of these is the cycle. It assumes the stages are equal, the queues never fill, ranks on different
 devices do not slow each other, and an env rank's stages run in turn. A rollout epoch is T cycles plus the last
 inference round for the bootstrap values (S k P); then the update, A(N T / W_a), runs on the actor ranks side by
@@ -134,7 +134,8 @@ def cycle_terms(E: float, P: float, cE: float, cP: float, hop: float, stages: in
     """The lower bounds on one chunk step of all stages (module docstring); ranks_per_device: (env ranks, rollout
     ranks) on each device."""
     device = max(stages * (e * cE + r * k * cP + (e + r * k) * hop * (e > 0 and r > 0)) for e, r in ranks_per_device)
-    return {"round trip": E + P + 2 * hop, "env": stages * E, "rollout": stages * k * P, "device": device}
+    return {"round trip": E + P + 2 * hop, "env": stages * (E + hop), "rollout": stages * k * (P + hop),
+            "device": device}
 
 
 def predict(layout: Layout, costs: Costs, work: Workload) -> Prediction:
