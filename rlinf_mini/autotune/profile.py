@@ -235,7 +235,7 @@ def calibrate(cfg: TrainConfig, costs: Costs, work: Workload, layouts: list[Layo
               reps: int = 2) -> Costs:
     """hop_s, fixed_s and the update's cost from real steps of `layouts` (two that lean on hop_s unequally): the
     rollout phase measured minus predicted with hop 0 is hop x (the prediction's slope in hop), solved by least
-    squares through 0; the runner's own `time/actor_training` replaces A at its batch (the real update, gradient
+    squares through 0 on relative errors; the runner's own `time/actor_training` replaces A at its batch (the real update, gradient
     all-reduce included, at the real placement); the rest of the step is fixed (sync, advantages, dispatch).
     Negative values are clamped to 0."""
     base = dataclasses.replace(costs, hop_s=0.0, fixed_s=0.0)
@@ -248,6 +248,9 @@ def calibrate(cfg: TrainConfig, costs: Costs, work: Workload, layouts: list[Layo
         residual.append(m["generate_s"] - p0.generate_s)
         slope.append((p1.generate_s - p0.generate_s) / delta)
         actor[work.samples // len(lay.actor)] = m["train_s"]
-    hop = sum(r * s for r, s in zip(residual, slope, strict=True)) / sum(s * s for s in slope)
+    # least squares on relative errors: each layout's rollout phase counts alike, whatever its length
+    w = [1 / m["generate_s"] ** 2 for m in measured.values()]
+    hop = sum(wi * r * s for wi, r, s in zip(w, residual, slope, strict=True)) / sum(
+        wi * s * s for wi, s in zip(w, slope, strict=True))
     fixed = statistics.mean(m["step_s"] - m["generate_s"] - m["train_s"] for m in measured.values())
     return dataclasses.replace(costs, actor=Affine.of(actor), hop_s=max(hop, 0.0), fixed_s=max(fixed, 0.0))
