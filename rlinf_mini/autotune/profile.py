@@ -235,9 +235,9 @@ def calibrate(cfg: TrainConfig, costs: Costs, work: Workload, layouts: list[Layo
               reps: int = 2) -> Costs:
     """hop_s, fixed_s and the update's cost from real steps of `layouts` (two that lean on hop_s unequally): the
     rollout phase measured minus predicted with hop 0 is hop x (the prediction's slope in hop), solved by least
-    squares through 0 on relative errors; the runner's own `time/actor_training` replaces A at its batch (the real update, gradient
-    all-reduce included, at the real placement); the rest of the step is fixed (sync, advantages, dispatch).
-    Negative values are clamped to 0."""
+    squares through 0 on relative errors; the runner's own `time/actor_training` replaces A at its batch (the real
+    update, gradient all-reduce included, at the real placement); the rest of the step is fixed (sync, advantages,
+    dispatch). Negative values are clamped to 0."""
     base = dataclasses.replace(costs, hop_s=0.0, fixed_s=0.0)
     measured = measure_steps({f"cal{i}": layout_config(cfg, lay) for i, lay in enumerate(layouts)}, reps, source)
     delta = 1e-3
