@@ -78,19 +78,21 @@ def _config(case: Case, n_steps: int, log_path: str, config: str = CONFIG, num_e
         actor=dataclasses.replace(cfg.actor, group_name=names["actor"]))
 
 
-def measure(cases: list[Case], n_steps: int, reps: int, trace: Case | None = None, config: str = CONFIG,
-            num_envs: int = NUM_ENVS) -> tuple[dict[Case, list[dict]], list]:
+def measure(cases: list, n_steps: int, reps: int, trace: Case | None = None, config: str = CONFIG,
+            num_envs: int = NUM_ENVS, make_config=None) -> tuple[dict, list]:
     """Start one runner per case in one cluster, warm each up with one training step, then run `reps` rounds of one
     step each, the cases in turn within a round (so a busy machine slows every case alike). Returns, per case, each
     round's {"generate_s", "step_s"} (the runner's own timers), and the spans of `trace`'s last round (env and
-    rollout workers)."""
+    rollout workers). `make_config(case, log_path)`, when given, makes each case's config (a case then needs only a
+    `tag` and to be hashable; benchmarks/autotune_check.py measures the autotune's layouts so)."""
     from rlinf_mini.scheduler.cluster import Cluster
     from rlinf_mini.train import RunPlan, launch
 
     times: dict[Case, list[dict]] = {c: [] for c in cases}
     spans: list = []
     with tempfile.TemporaryDirectory(prefix="bench_pipeline_") as log_path:
-        cfgs = {c: _config(c, n_steps, log_path, config, num_envs) for c in cases}
+        cfgs = {c: make_config(c, log_path) if make_config else _config(c, n_steps, log_path, config, num_envs)
+                for c in cases}
         devices = {cfg.cluster.num_devices for cfg in cfgs.values()}
         assert len(devices) == 1, f"one cluster, one device count: {devices}"
         cluster = Cluster(next(iter(cfgs.values())).cluster)

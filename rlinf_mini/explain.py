@@ -350,6 +350,28 @@ def explain_reasoning(cfg: TrainConfig, source: str, num_gpus: int | None = None
     return "\n".join(lines), None
 
 
+def autotune_note(cfg: TrainConfig, source: str) -> list[str]:
+    """With profile_data in the config: whether its placement and depth are the autotune's pick (the search on those
+    costs; nothing is profiled here). Without: nothing."""
+    from rlinf_mini.autotune.__main__ import autotune
+
+    if cfg.runner.task_type != "embodied" or not (cfg.profile_data.env_profile_data
+                                                  or cfg.profile_data.rollout_profile_data):
+        return []
+    try:
+        result = autotune(cfg, source, progress=False)
+    except ConfigError as e:
+        return [f"autotune: cannot rank with this profile_data: {str(e).removeprefix(source + ': ')}"]
+    best, mine = result.best, result.current
+    if mine is best:
+        return [f"autotune (profile_data): this placement and depth are its pick, predicted "
+                f"{best.prediction.step_s:.4f} s per step"]
+    ours = f"{mine.prediction.step_s:.4f} s" if mine.prediction is not None else mine.refusal
+    return [f"autotune (profile_data): not its pick; the pick is {best.layout.describe()}, {best.layout.stages} "
+            f"stage(s), predicted {best.prediction.step_s:.4f} s per step against this config's {ours} "
+            f"(python -m rlinf_mini.autotune writes it as an overlay)"]
+
+
 def explain(cfg: TrainConfig, source: str, num_gpus: int | None = None) -> tuple[str, str | None]:
     """The plan as text, and the first failing check's one-line message (None when every check passes).
     `num_gpus` fakes the GPU count (tests); None: this machine's."""
@@ -375,6 +397,7 @@ def explain(cfg: TrainConfig, source: str, num_gpus: int | None = None) -> tuple
     lines += describe(cfg, placement, num_gpus)
     if error is None:
         lines.append("all checks pass")
+        lines += autotune_note(cfg, source)
         return "\n".join(lines), None
     key = breaking_key(error, source)
     message = str(error).splitlines()[0]

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 01 — Placement: which device runs which rank
 #
-# Run it: `python tutorials/01_placement.py` (about 3 s on a 2-core CPU; it starts no process). Every stated fact
+# Run it: `python tutorials/01_placement.py` (about 6 s on a 2-core CPU; it starts no process). Every stated fact
 # is an `assert` in the cell after it. Terms (placement, rank, stage, ...): [the glossary](glossary.md).
 #
 # ## What this stage does, and why RLinf has it
@@ -164,6 +164,67 @@ print(err.getvalue())
 assert run_code == 2 and len(err.getvalue().strip().splitlines()) == 1
 assert "env ranks (2) must be a multiple of rollout ranks (3)" in err.getvalue()
 assert not multiprocessing.active_children()  # this tutorial started no process
+
+# %% [markdown]
+# ### Which layout is fastest here: the autotune
+#
+# `python -m rlinf_mini.autotune --config configs/embodied_mlp.yaml` answers it for this machine: it times the env's
+# chunk step against the sub-envs per call, the policy's inference against the batch and the actor's update
+# (`rlinf_mini/autotune/profile.py`, short real runs), fits each as a line, predicts every layout RLinf's search
+# builds (collocated; env | rollout split with the actor on all devices; 1..4 pipeline stages) with the pipeline
+# formula of `rlinf_mini/autotune/model.py`, and prints them ranked, with the refused ones and why. Profiling takes
+# a minute and depends on the load, so here the costs are given as RLinf's `profile_data` (numbers from a run of the
+# profiler on a 2-core CPU with the env waiting 4 ms a step): nothing is timed and no process starts.
+
+# %%
+from rlinf_mini.autotune.__main__ import autotune, table, write_overlay
+from rlinf_mini.config import load_config
+
+PROFILE = ["profile_data.env_profile_data={4: 0.00437, 8: 0.00443, 16: 0.00487, 32: 0.00445}",
+           "profile_data.rollout_profile_data={4: 0.00066, 8: 0.00066, 16: 0.00066, 32: 0.00067}",
+           "profile_data.actor_profile_data={512: 0.075}", "profile_data.hop_s=0.0015", "profile_data.fixed_s=0.005"]
+MLP = str(ROOT / "configs/embodied_mlp.yaml")
+result = autotune(load_config(["--config", MLP, *PROFILE]), "configs/embodied_mlp.yaml", progress=False)
+print(table(result))
+ranked = [row for row in result.rows if not row.refusal]
+assert [r.prediction.step_s for r in ranked] == sorted(r.prediction.step_s for r in ranked)  # ranked by prediction
+assert all("refused: " in row.refusal for row in result.rows[len(ranked):])  # each refusal says why
+assert result.best.layout.stages == 1 and result.current.layout.stages == 2  # the claim of the next cell
+assert result.current.prediction.step_s > result.best.prediction.step_s
+
+# %% [markdown]
+# The env's 4 ms is a wait per call, whatever the number of sub-envs: cutting the envs into stages multiplies the
+# waits instead of hiding them, so one stage wins, and the shipped config's two stages rank below it. The pick is
+# written as an overlay that the train command takes after the config (`--config X --config best.yaml`; its
+# placement replaces the config's whole). `--explain` shows the plan with it, and, since this config carries
+# `profile_data`, whether a placement is the autotune's pick:
+
+# %%
+best = result.best.layout
+write_overlay(best, OUT / "01_best.yaml", "tutorial 01")
+code, plan = explain("--config", str(OUT / "01_best.yaml"), *PROFILE)
+print(plan)
+assert code == 0 and f"3 rollout: {len(best.env)} env rank(s) x {best.stages} pipeline stage(s)" in plan
+assert "autotune (profile_data): this placement and depth are its pick" in plan
+code, plan = explain(*PROFILE)  # the shipped config's own placement: two stages
+assert code == 0 and "autotune (profile_data): not its pick" in plan
+assert not multiprocessing.active_children()
+
+# %% [markdown]
+# Predictions against measurement: `python -m benchmarks.autotune_check` measures every candidate with the real
+# runner in four regimes (env-bound, policy-bound, balanced, MetaWorld); where it has run, its env-bound grid is
+# printed here, measured beside predicted (nothing is asserted about it: it depends on the machine's load).
+
+# %%
+import json
+
+check = ROOT / "benchmarks/autotune_check.json"
+if check.exists():
+    for regime in json.loads(check.read_text())["regimes"]:
+        if regime["regime"] == "env-bound":
+            for g in regime["grid"]:
+                print(f"{g['placement']} stages {g['stages']}: predicted {g['predicted_step_s']:.3f} s, "
+                      f"measured {g['measured_step_s']:.3f} s")
 
 # %% [markdown]
 # ## The RLinf counterpart

@@ -41,6 +41,7 @@ from rlinf_mini.config.schema import (
     LoggerConfig,
     ModelConfig,
     OptimConfig,
+    ProfileDataConfig,
     RolloutConfig,
     RolloutModelConfig,
     RunnerConfig,
@@ -54,6 +55,7 @@ from rlinf_mini.config.yaml_tree import RESOLVERS, read_yaml_tree
 __all__ = [
     "PRECISIONS", "RESOLVERS", "ActorConfig", "AlgorithmConfig", "ArithmeticDataConfig", "ClusterConfig", "ConfigError",
     "DataConfig", "EnvConfig", "EnvSplitConfig", "InitParams", "LoggerConfig", "ModelConfig", "OptimConfig",
+    "ProfileDataConfig",
     "ReasoningSamplingParams", "RewardConfig", "RolloutConfig", "RolloutModelConfig", "RunnerConfig",
     "SamplingParams", "TrainConfig", "VideoConfig", "check_batch_arithmetic", "check_precision",
     "check_reasoning_batch_arithmetic", "config_from_tree", "config_from_yaml", "config_source", "config_to_dict",

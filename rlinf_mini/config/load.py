@@ -234,7 +234,9 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
 
 HELP_HEAD = f"""{TrainConfig.__doc__}
 
---config FILE: the run's YAML (RLinf's schema); keys not in it keep the defaults shown below.
+--config FILE: the run's YAML (RLinf's schema); keys not in it keep the defaults shown below. A second --config
+FILE is an overlay merged over the first (its component_placement replaces the first's whole), e.g. the one
+`python -m rlinf_mini.autotune` writes.
 
 --explain: print the plan (placement, devices, batches, every check) and start nothing.
 
@@ -250,15 +252,18 @@ def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainCo
     `validate=False` skips `validate_config` (the types are still checked): `--explain` reports what breaks itself.
     """
     argv, overrides = split_overrides(_split_config_flag(sys.argv[1:] if argv is None else argv))
-    file = None
-    if "--config" in argv:
+    files = []  # `--config A --config B`: B is an overlay merged over A (the autotune writes one)
+    while "--config" in argv:
         i = argv.index("--config")
         if i + 1 >= len(argv):
             raise ConfigError("command line: --config needs a file")
-        file = argv[i + 1]
+        files.append(argv[i + 1])
         del argv[i : i + 2]
-    source = (file or "defaults") + (" + command line" if overrides else "")
-    default = config_from_tree(read_yaml_tree(file, overrides), source) if file or overrides else TrainConfig()
+    file = files[0] if files else None
+    named = " + ".join(files) or "defaults"
+    source = named + (" + command line" if overrides else "")
+    default = (config_from_tree(read_yaml_tree(file, overrides, files[1:]), source) if file or overrides
+               else TrainConfig())
     cfg = default  # no `--key value` left: tyro would build its whole parser only to return the default
     for arg in argv:
         message = unknown_flag(arg)
@@ -277,7 +282,7 @@ def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainCo
         except SystemExit:
             raise ConfigError(f"command line: {_one_line_tyro_error(captured.getvalue())}") from None
     if validate:
-        validate_config(cfg, f"{file or 'defaults'} + command line" if argv or overrides else (file or "defaults"))
+        validate_config(cfg, f"{named} + command line" if argv or overrides else named)
     return cfg
 
 
@@ -290,7 +295,7 @@ def _split_config_flag(argv: list[str]) -> list[str]:
 def config_source(argv: list[str]) -> str:
     """How error messages name where the config came from: the YAML file, and whether the command line changed it."""
     argv = _split_config_flag(argv)
-    source = argv[argv.index("--config") + 1] if "--config" in argv and argv.index("--config") + 1 < len(argv) \
-        else "defaults"
+    files = [argv[i + 1] for i, a in enumerate(argv) if a == "--config" and i + 1 < len(argv)]
+    source = " + ".join(files) or "defaults"
     rest = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
     return f"{source} + command line" if rest else source

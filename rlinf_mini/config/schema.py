@@ -363,6 +363,32 @@ class ActorConfig:
 
 
 @dataclass
+class ProfileDataConfig:
+    """RLinf's `profile_data`: measured costs that `python -m rlinf_mini.autotune` uses instead of profiling (given
+    the env's, the rollout's and the actor's, it measures nothing). Training ignores this section."""
+
+    env_profile_data: dict[str, float] = field(default_factory=dict)
+    """Sub-envs per env rank -> seconds of one chunk step of them (RLinf's key; RLinf's unit is a rollout epoch)."""
+    rollout_profile_data: dict[str, float] = field(default_factory=dict)
+    """Batch (sub-envs per call) -> seconds of one policy inference, rollout.policy_latency_s included (RLinf's key;
+    RLinf's unit is a rollout epoch)."""
+    actor_cost: float = 0.0
+    """RLinf's: seconds of the actor's update of one step's batch, actor on all devices; 0 = not given."""
+    actor_profile_data: dict[str, float] = field(default_factory=dict)
+    """rlinf_mini: samples per actor rank -> seconds of one step's update (update_epoch passes); wins over
+    actor_cost."""
+    hop_s: float = -1.0
+    """rlinf_mini: seconds one channel message adds to a chunk step; -1 = calibrate with a short real run (or 0
+    when the three costs above are given)."""
+    fixed_s: float = -1.0
+    """rlinf_mini: seconds a step spends outside rollout and update (sync, advantages, dispatch); -1 as hop_s."""
+    rollout_cost: float = 0.0
+    """RLinf's reasoning key (generation seconds per step); read, unused: the reasoning autotune is not built."""
+    inference_cost: float = 0.0
+    """RLinf's reasoning key (log-prob recompute seconds per step); read, unused, as rollout_cost."""
+
+
+@dataclass
 class TrainConfig:
     """rlinf_mini: RLinf's programming model in plain PyTorch. Every key can be set in the YAML given by --config and
     overridden on the command line."""
@@ -383,3 +409,5 @@ class TrainConfig:
     """Reasoning: the prompt datasets."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reasoning: the reward workers."""
+    profile_data: ProfileDataConfig = field(default_factory=ProfileDataConfig)
+    """Measured costs for `python -m rlinf_mini.autotune` (RLinf's section); training ignores it."""

@@ -253,13 +253,21 @@ def _one_line(e: Exception, source: str, written: dict, key: str = "") -> Config
     return ConfigError(f"{where}: {message}" + (f" (in {value!r})" if isinstance(value, str) else ""))
 
 
-def read_yaml_tree(file: str | Path | None, overrides: list[tuple[str, Any]] = ()) -> dict:
-    """The YAML file as a plain dict: its `defaults:` list merged (OmegaConf.merge, in Hydra's order), `key=value`
-    overrides set (OmegaConf.update, before interpolations resolve, so `${a.b}` sees an overridden a.b, as in
-    Hydra), interpolations resolved by OmegaConf (a target the file does not set is the dataclass default; the
-    `hydra:` section, Hydra's own settings, stays as written)."""
+def read_yaml_tree(file: str | Path | None, overrides: list[tuple[str, Any]] = (),
+                   overlays: list[str | Path] = ()) -> dict:
+    """The YAML file as a plain dict: its `defaults:` list merged (OmegaConf.merge, in Hydra's order), then each
+    overlay file (a second `--config`) merged over it, `key=value` overrides set (OmegaConf.update, before
+    interpolations resolve, so `${a.b}` sees an overridden a.b, as in Hydra), interpolations resolved by OmegaConf
+    (a target the file does not set is the dataclass default; the `hydra:` section, Hydra's own settings, stays as
+    written). An overlay's `cluster.component_placement` replaces the file's whole: a placement is one layout, and
+    merging `env: 0` into `env,rollout,actor: all` would place the env twice."""
     source = str(file or "command line")
     order = [] if file is None else _defaults_order(Path(file), Path(file).parent, "")
+    overlay_parts = set()  # the first part of each overlay: where its placement replaces the one merged so far
+    for overlay in overlays:
+        parts = _defaults_order(Path(overlay), Path(overlay).parent, "")
+        overlay_parts.add(len(order))
+        order += parts
     if len(order) == 1 and not overrides and not _has_interpolation(order[0][1]):
         return order[0][1]  # nothing for OmegaConf to do
     OmegaConf = _omegaconf()
@@ -267,12 +275,15 @@ def read_yaml_tree(file: str | Path | None, overrides: list[tuple[str, Any]] = (
 
     cfg, written, part = None, {}, source
     try:
-        for part, data in order:
+        for index, (part, data) in enumerate(order):
             try:
                 new = _create(data)
                 if cfg is None:
                     cfg = new
                 else:
+                    if (index in overlay_parts and "component_placement" in (data.get("cluster") or {})
+                            and "component_placement" in (cfg.get("cluster") or {})):
+                        del cfg.cluster["component_placement"]
                     cfg.merge_with(new)
             except OmegaConfBaseException as e:
                 clash = "" if cfg is None else _clash(OmegaConf.to_container(cfg), data)

@@ -1,0 +1,120 @@
+"""The autotune against measurement: for each regime, `rlinf_mini.autotune` profiles and ranks; then every candidate
+it ranked is measured with the real runner (benchmarks/pipeline.py's `measure`: all runners in one cluster, one
+warm-up step, then rounds of one training step, the candidates in turn within a round). Reported per regime: the
+grid of measured step times beside the predictions, the pick, the pick's measured step time against the grid's best
+(goal: within 5 %), and its predicted step time against its measured one (goal: within 20 %).
+
+    python -m benchmarks.autotune_check                     # about 5 minutes on 2 cores
+    python -m benchmarks.autotune_check --out benchmarks/autotune_check.json
+
+Regimes: configs/embodied_mlp.yaml (the fake reach env, the MLP) with the latency knobs set env-bound
+(env.train.step_latency_s 4 ms a sub-step, rollout.policy_latency_s 0.5 ms a call), policy-bound (0.5 ms, 4 ms) and
+balanced (2 ms, 2 ms); and configs/metaworld_reach.yaml, MetaWorld's own costs. The knobs are waits per call, not per
+sub-env: splitting the envs into stages does not shorten them, which the autotune has to find out by measuring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.pipeline import measure
+
+REGIMES = {  # name -> (config, key=value's)
+    "env-bound": ("configs/embodied_mlp.yaml", ["env.train.step_latency_s=0.004", "rollout.policy_latency_s=0.0005"]),
+    "policy-bound": ("configs/embodied_mlp.yaml",
+                     ["env.train.step_latency_s=0.0005", "rollout.policy_latency_s=0.004"]),
+    "balanced": ("configs/embodied_mlp.yaml", ["env.train.step_latency_s=0.002", "rollout.policy_latency_s=0.002"]),
+    "metaworld": ("configs/metaworld_reach.yaml", []),
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tag: str  # names the runner's groups in the one cluster
+    index: int  # its rank in the autotune's table
+
+
+def check(name: str, config: str, overrides: list[str], reps: int) -> dict:
+    from rlinf_mini.autotune.__main__ import autotune, table
+    from rlinf_mini.autotune.profile import layout_config, quiet_config
+    from rlinf_mini.config import load_config
+
+    source = f"{config} + command line" if overrides else config
+    cfg = load_config(["--config", config, *overrides])
+    t = time.perf_counter()
+    result = autotune(cfg, source, progress=False)
+    autotune_s = time.perf_counter() - t
+    print(f"\n=== {name}: {source} ({autotune_s:.0f} s to profile and rank)\n{table(result)}", flush=True)
+    ranked = [r for r in result.rows if not r.refusal]
+    cases = [Candidate(f"{name[:3]}{i}", i) for i in range(len(ranked))]
+
+    def make_config(case: Candidate, log_path: str):
+        return quiet_config(layout_config(cfg, ranked[case.index].layout), log_path, case.tag)
+
+    times, _ = measure(cases, 0, reps, make_config=make_config)
+    grid = []
+    for case in cases:
+        row = ranked[case.index]
+        measured = statistics.median(t["step_s"] for t in times[case])
+        grid.append({"placement": row.layout.placement(), "stages": row.layout.stages,
+                     "predicted_step_s": row.prediction.step_s, "measured_step_s": measured,
+                     "rounds_step_s": [t["step_s"] for t in times[case]],
+                     "predicted_rollout_s": row.prediction.generate_s,
+                     "measured_rollout_s": statistics.median(t["generate_s"] for t in times[case])})
+    best = min(g["measured_step_s"] for g in grid)
+    pick = grid[0]
+    report = {"regime": name, "config": config, "overrides": overrides, "autotune_s": autotune_s,
+              "costs": {"hop_s": result.costs.hop_s, "fixed_s": result.costs.fixed_s}, "grid": grid,
+              "pick_vs_best": pick["measured_step_s"] / best - 1,
+              "predicted_vs_measured": pick["predicted_step_s"] / pick["measured_step_s"] - 1}
+    print(f"\n{'#':>2}  {'placement':44} {'stages':>6} {'predicted s':>11} {'measured s':>10} {'error':>7}  "
+          f"rollout s predicted / measured")
+    for i, g in enumerate(grid):
+        desc = " | ".join(f"{k}: {v}" for k, v in g["placement"].items())
+        err = g["predicted_step_s"] / g["measured_step_s"] - 1
+        mark = "  <- pick" if i == 0 else ("  <- measured best" if g["measured_step_s"] == best else "")
+        print(f"{i + 1:>2}  {desc:44} {g['stages']:>6} {g['predicted_step_s']:>11.4f} {g['measured_step_s']:>10.4f} "
+              f"{err:>+7.0%}  {g['predicted_rollout_s']:.4f} / {g['measured_rollout_s']:.4f}{mark}")
+    print(f"pick's measured step vs the grid's best: {report['pick_vs_best']:+.1%} (goal within 5 %: "
+          f"{'met' if report['pick_vs_best'] <= 0.05 else 'MISSED'}); pick's predicted vs measured: "
+          f"{report['predicted_vs_measured']:+.1%} (goal within 20 %: "
+          f"{'met' if abs(report['predicted_vs_measured']) <= 0.2 else 'MISSED'})", flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.autotune_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help="measured rounds per candidate (after one warm-up)")
+    parser.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated, of: " + ", ".join(REGIMES))
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    names = args.regimes.split(",")
+    unknown = [n for n in names if n not in REGIMES]
+    if unknown:
+        parser.error(f"--regimes: unknown {unknown[0]!r}; known: {', '.join(REGIMES)}")
+    t = time.perf_counter()
+    reports = [check(n, *REGIMES[n], args.reps) for n in names]
+    print("\nsummary: regime, pick vs best measured, pick predicted vs measured")
+    for r in reports:
+        print(f"  {r['regime']:13} {r['pick_vs_best']:+7.1%} {r['predicted_vs_measured']:+7.1%}")
+    print(f"({time.perf_counter() - t:.0f} s)")
+    if args.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        Path(args.out).write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+            "cpus": len(os.sched_getaffinity(0)), "load_average_at_end": os.getloadavg(), "reps": args.reps,
+            "regimes": reports}, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":  # the guard matters: our workers are spawned processes that re-import the main module
+    sys.exit(main())
