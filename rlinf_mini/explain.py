@@ -34,8 +34,7 @@ from rlinf_mini.config import (
     validate_config,
 )
 from rlinf_mini.scheduler import devices
-from stages.placement import HybridComponentPlacement, PlacementError, actor_pieces
-from stages.rollout import env_ranks_of_rollout
+from stages.placement import HybridComponentPlacement, PlacementError, actor_pieces, env_ranks_of_rollout
 
 COMPONENTS = ("env", "rollout", "actor")
 

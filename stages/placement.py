@@ -257,3 +257,9 @@ def actor_pieces(env_world_size: int, actor_world_size: int) -> tuple[int, int]:
     rank's batch split over the actor ranks the same way)."""
     lcm = math.lcm(env_world_size, actor_world_size)
     return lcm // env_world_size, lcm // actor_world_size
+
+
+def env_ranks_of_rollout(rollout_rank: int, env_world_size: int, rollout_world_size: int) -> list[int]:
+    """The env ranks served by one rollout rank: a contiguous block of env_world_size / rollout_world_size."""
+    per = env_world_size // rollout_world_size
+    return list(range(rollout_rank * per, (rollout_rank + 1) * per))

@@ -51,16 +51,10 @@ from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.running_stats import ReturnScaler
 from rlinf_mini.utils.seeding import counter_uniform
 from rlinf_mini.utils.tensor_tree import tree_cat, tree_map, tree_stack
-from stages.placement import actor_pieces
+from stages.placement import actor_pieces, env_ranks_of_rollout
 from stages.sync import WeightBufferHandle, make_weight_receiver
 
 TRAJECTORY_KEYS = ("obs", "actions", "logprobs", "values", "rewards", "dones", "versions")
-
-
-def env_ranks_of_rollout(rollout_rank: int, env_world_size: int, rollout_world_size: int) -> list[int]:
-    """The env ranks served by one rollout rank: a contiguous block of env_world_size / rollout_world_size."""
-    per = env_world_size // rollout_world_size
-    return list(range(rollout_rank * per, (rollout_rank + 1) * per))
 
 
 def _stack_trajectory(tr: dict[str, list]) -> dict[str, torch.Tensor]:

@@ -120,7 +120,7 @@ assert all(f'self.timer("{p}")' in inspect.getsource(EmbodiedRunner.train_step)
 #    Beside it, `config/` (which imports only itself), `utils/` (seeding, tensor trees, metric logger, learning
 #    curve), `envs/` and `models/` import no stage and no runner either.
 # 2. `stages/` — the five stages; they use the scheduler, envs and models, never a runner or the entry.
-# 3. the composition modules — `train.py`, `runners/`, `explain.py` — put the two together.
+# 3. the composition modules — `train.py`, `runners/`, `explain.py`, `autotune/` — put the two together.
 #
 # This is what keeps a stage readable on its own, and the runtime replaceable under it.
 
@@ -138,7 +138,7 @@ def ours(modules: set[str]) -> set[str]:
     return {m for m in modules if m.split(".")[0] in ("rlinf_mini", "stages")}
 
 
-COMPOSITION = ("rlinf_mini.train", "rlinf_mini.runners", "rlinf_mini.explain")
+COMPOSITION = ("rlinf_mini.train", "rlinf_mini.runners", "rlinf_mini.explain", "rlinf_mini.autotune")
 for path in sorted((ROOT / "rlinf_mini" / "scheduler").rglob("*.py")):
     bad = {m for m in ours(imports_of(path)) if not m.startswith(("rlinf_mini.scheduler", "rlinf_mini.config"))}
     assert not bad, (path, bad)
@@ -146,7 +146,8 @@ for path in sorted((ROOT / "rlinf_mini" / "config").glob("*.py")):  # the schema
     bad = {m for m in ours(imports_of(path)) if not m.startswith("rlinf_mini.config")}
     assert not bad, (path, bad)
 for path in sorted((ROOT / "rlinf_mini").rglob("*.py")):
-    if path.parent.name == "runners" or (path.stem in ("train", "explain") and path.parent.name == "rlinf_mini"):
+    if path.parent.name in ("runners", "autotune") or (path.stem in ("train", "explain")
+                                                       and path.parent.name == "rlinf_mini"):
         continue
     bad = {m for m in ours(imports_of(path)) if m.startswith("stages") or m.startswith(COMPOSITION)}
     assert not bad, (path, bad)
