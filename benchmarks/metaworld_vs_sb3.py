@@ -66,7 +66,10 @@ def run_ours(config: str, seed: int, overrides: list[str]) -> dict:
         raise RuntimeError(f"rlinf_mini.train.main({' '.join(argv)}) returned {rc}")
     curve = [(int(r.get("env/steps", 0)), round(t, 1), r["eval/success_once"]) for t, r in stamps
              if "eval/success_once" in r]
-    return _summary(curve, total_s)
+    evals = [r for _, r in stamps if "eval/success_once" in r]
+    last = evals[-1] if evals else {}
+    per_task = {k.split("/")[-1]: v for k, v in last.items() if k.startswith("eval/success_once/")}
+    return _summary(curve, total_s) | ({"final_success_per_task": per_task} if per_task else {})
 
 
 def _summary(curve: list[tuple[int, float, float]], total_s: float) -> dict:
@@ -164,6 +167,8 @@ def print_table(task: str, runs: dict[str, list[dict]]) -> None:
             print(f"{name:6} {r['seed']:>4} {_fmt(r['env_steps_to_target'], ',.0f'):>20} "
                   f"{_fmt(r['wall_s_to_target'], '.1f'):>17} {_fmt(r['final_success'], '.2f'):>14} "
                   f"{_fmt(r['best_success'], '.2f'):>6} {r['wall_s_total']:>13.1f}")
+            for task, value in r.get("final_success_per_task", {}).items():  # a multi-task suite (MT10)
+                print(f"{'':6} {'':>4}   {task:<26} final success {value:.2f}")
         done = [r for r in results if "skipped" not in r]
         if len(done) > 1:
             print(f"{name:6} {'all':>4} {_spread([r['env_steps_to_target'] for r in done]):>20} "
