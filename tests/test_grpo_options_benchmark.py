@@ -41,8 +41,8 @@ def test_differing_keys_sees_a_one_key_change_and_ignores_the_results_folder_nam
     assert differing_keys(grpo, grpo) == {}
     from rlinf_mini.config import load_config
 
-    changed = load_config(["--config", str(grpo_options.ROOT / "configs/math.yaml"), "runner.val_pass_k=4", "algorithm.kl_beta=0.1",
-                           "runner.logger.experiment_name=other"])
+    changed = load_config(["--config", str(grpo_options.ROOT / "configs/math.yaml"), "runner.val_pass_k=4",
+                           "algorithm.kl_beta=0.1", "runner.logger.experiment_name=other"])
     assert differing_keys(changed, grpo) == {"algorithm.kl_beta": (0.1, 0.0)}
 
 
