@@ -1,23 +1,24 @@
 """What each GRPO option buys: plain GRPO, DAPO, Dr. GRPO, GSPO and dynamic sampling alone on the default math task,
 3 seeds each, side by side; then SmolLM2-135M (configs/math_smollm2.yaml), 1 seed of plain GRPO and of Dr. GRPO.
 
-    python -m benchmarks.grpo_options                          # ~35 min on the shared 2-core machine
+    python -m benchmarks.grpo_options                          # ~50 min on the shared, loaded 2-core machine
     python -m benchmarks.grpo_options --healthy                # also writes math_dapo's / math_gspo's healthy rows
     python -m benchmarks.grpo_options --seeds 1 --steps 10 --no-smollm2 --out /tmp/g.json   # a smoke test
 
 A run is benchmarks/healthy_runs.py's: `python -m rlinf_mini.train --config configs/<name>.yaml` plus the variant's
 key=value overrides, in a subprocess on a `git archive` of the commit measured, everything in a temporary folder
 (the data and the warm start too); seed k adds k to actor.seed and data.seed; every run logs eval/pass@4 too. The
-seeds go round the variants (seed 0 of each, then seed 1, ...), so a change in the machine's load falls on all of
-them alike. Wall seconds are relative within one invocation: the CPU is shared with other jobs. The figures that do
-not depend on load: held-out greedy accuracy and pass@4 at the last step, and the step where held-out accuracy first
-reaches 0.8. VARIANTS' `claims` are the keys each variant changes (tests/test_grpo_options_benchmark.py checks that
-they, and only they, differ from plain GRPO). The figures: docs/grpo_options.md.
+seeds go round the variants (seed 0 of each, then seed 1, ...), --jobs at a time, so a change in the machine's load
+falls on all of them alike. Wall seconds are relative within one invocation: the CPU is shared with other jobs.
+Figures that do not depend on load: held-out greedy accuracy and pass@4 at the last step, the step where held-out
+accuracy first reaches 0.8. VARIANTS' `claims` are the keys each variant changes (tests/test_grpo_options_benchmark.py
+checks that they, and only they, differ from plain GRPO). The figures: docs/grpo_options.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import importlib.util
 import json
@@ -25,6 +26,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -179,9 +181,10 @@ def table(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.grpo_options", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=JSON_PATH, help="the report as JSON")
+    parser.add_argument("--out", type=Path, default=JSON_PATH, help="the report as JSON (rewritten after each run)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, help="runner.max_epochs of every run (a smoke test)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each is one subprocess tree)")
     parser.add_argument("--only", nargs="+", metavar="VARIANT", help="these variants of the math task")
     parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2 runs")
     parser.add_argument("--healthy", action="store_true",
@@ -195,27 +198,35 @@ def main(argv: list[str] | None = None) -> int:
                     for v in variants]
     report: dict = {"command": "python -m benchmarks.grpo_options " + " ".join(argv if argv is not None
                                                                               else sys.argv[1:]),
-                    "note": "wall figures are relative within this invocation: the 2-core CPU is shared and loaded",
+                    "note": f"wall figures are relative within this invocation: the 2-core CPU is shared and loaded, "
+                            f"and {args.jobs} runs go at a time",
                     "loadavg_before": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "variants": {}}
-    raw: dict[str, list[dict]] = {v.name: [] for v in variants}
+    raw: dict[str, dict[int, dict]] = {v.name: {} for v in variants}
+    lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="grpo_options_tree_") as folder:
         tree = Path(folder)
         report["commit"] = commit = healthy_runs.export_tree(args.rev, tree)
         facts = {c: healthy_runs.config_facts(tree, c) for c in {v.recipe.config for v in variants}}
-        for seed in range(args.seeds):  # round-robin: load drift falls on every variant alike
-            for v in variants:
-                run = healthy_runs.run_one(v.recipe, seed, tree, facts[v.recipe.config])
-                raw[v.name].append(run)
-                f = run_figures(run)
-                print(f"{v.name} seed {seed}: exit {f['exit_code']}, final {f.get('final')}, pass@4 "
-                      f"{f.get('final_pass@4')}, step to {TARGET} {f.get('step_to_target')}, {f['wall_s']} s wall, "
-                      f"load {f['load']}", file=sys.stderr, flush=True)
-        for v in variants:
-            runs = [run_figures(r) for r in raw[v.name]]
-            report["variants"][v.name] = {"what": v.what, "config": v.recipe.config,
-                                          "overrides": list(v.recipe.overrides), "claims": [list(c) for c in v.claims],
-                                          "summary": summary(runs), "runs": runs}
+
+        def one(v: Variant, seed: int) -> None:
+            run = healthy_runs.run_one(v.recipe, seed, tree, facts[v.recipe.config])
+            f = run_figures(run)
+            print(f"{v.name} seed {seed}: exit {f['exit_code']}, final {f.get('final')}, pass@4 "
+                  f"{f.get('final_pass@4')}, step to {TARGET} {f.get('step_to_target')}, {f['wall_s']} s wall, "
+                  f"load {f['load']}", file=sys.stderr, flush=True)
+            with lock:  # the report after every run: a run stopped early keeps what it measured
+                raw[v.name][seed] = run
+                _fill(report, variants, raw)
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(report, indent=1) + "\n")
+                if args.healthy and len(raw[v.name]) == v.recipe.seeds:
+                    write_healthy(v, [raw[v.name][k] for k in sorted(raw[v.name])], commit, report["date"],
+                                  facts[v.recipe.config])
+
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # seeds round the variants: drift hits all
+            for f in [pool.submit(one, v, seed) for seed in range(args.seeds) for v in variants]:
+                f.result()
         for v in SMOLLM2:
             missing = [m for m in v.recipe.needs if importlib.util.find_spec(m) is None]
             plain = report["variants"].get("smollm2_grpo", {}).get("summary", {}).get("wall_s")
@@ -242,25 +253,32 @@ def main(argv: list[str] | None = None) -> int:
           f"{report['loadavg_before'][0]:.1f} / {report['loadavg_after'][0]:.1f}. acc gain / wall-min = (final - "
           f"step-0 held-out greedy accuracy) / the run's wall minutes (data, warm start and training). "
           f"Commit {commit}.")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    if args.healthy:
-        write_healthy(variants, raw, commit, report["date"], tree_facts=facts)
     return 0
 
 
-def write_healthy(variants: list[Variant], raw: dict, commit: str, date: str, tree_facts: dict) -> None:
-    """The runs of the variants that are healthy-run recipes (dapo, gspo) as those recipes' entries and page rows."""
-    data = json.loads(healthy_runs.JSON_PATH.read_text())
-    entries = {e["config"]: e for e in data["recipes"]}
+def _fill(report: dict, variants: list[Variant], raw: dict) -> None:
     for v in variants:
-        if v.recipe in healthy_runs.RECIPES and len(raw[v.name]) == v.recipe.seeds:
-            entries[v.recipe.config] = (healthy_runs.entry_head(v.recipe, tree_facts[v.recipe.config])
-                                        | healthy_runs.measured_entry(v.recipe, raw[v.name], commit, date))
+        runs = [run_figures(raw[v.name][k]) for k in sorted(raw[v.name])]
+        if runs:
+            report["variants"][v.name] = {"what": v.what, "config": v.recipe.config,
+                                          "overrides": list(v.recipe.overrides), "claims": [list(c) for c in v.claims],
+                                          "summary": summary(runs), "runs": runs}
+
+
+def write_healthy(v: Variant, runs: list[dict], commit: str, date: str, facts: dict) -> None:
+    """A healthy-run recipe's runs (dapo's, gspo's) as that recipe's entry of benchmarks/healthy_runs.json and its
+    rows of docs/what_you_should_see.md."""
+    if v.recipe not in healthy_runs.RECIPES:  # a smoke test's shorter budget: not the recipe
+        return
+    entries = {e["config"]: e for e in json.loads(healthy_runs.JSON_PATH.read_text())["recipes"]}
+    entries[v.recipe.config] = (healthy_runs.entry_head(v.recipe, facts)
+                                | healthy_runs.measured_entry(v.recipe, runs, commit, date))
     ordered = healthy_runs._ordered(entries)
     healthy_runs.JSON_PATH.write_text(json.dumps(ordered, indent=1) + "\n")
     healthy_runs.PAGE_PATH.write_text(healthy_runs.render(ordered))
-    print(f"wrote {healthy_runs.JSON_PATH} and {healthy_runs.PAGE_PATH}", file=sys.stderr)
+    print(f"wrote {v.recipe.config}'s entry of {healthy_runs.JSON_PATH} and {healthy_runs.PAGE_PATH}",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":
