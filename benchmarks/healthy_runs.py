@@ -3,14 +3,16 @@
     python -m benchmarks.healthy_runs                                # every recipe (an hour or more on 2 cores)
     python -m benchmarks.healthy_runs --only embodied_mlp cartpole   # some; the others keep their JSON entries
     python -m benchmarks.healthy_runs --render                       # the page from the JSON alone, no run
+    python -m benchmarks.grpo_options --healthy    # math_dapo's and math_gspo's entries from that benchmark's runs
 
 A run is `python -m rlinf_mini.train --config configs/<name>.yaml` in a subprocess, on a `git archive` of the commit
 measured, everything it writes in a temporary folder of its own (never the checkout's results/). Seed k adds k to
 actor.seed and env.train.seed (reasoning: data.seed); eval seeds stay. A recipe may state a shorter budget
-(runner.max_epochs); TensorBoard and eval gifs are off (they change no metric). Per metric, the median and the
-10th-90th percentile over the steps of the first and the last third of training, all seeds pooled; per eval metric,
-each seed's first and last eval. benchmarks/healthy_runs.json keeps them with every run's command, commit, load and
-wall time; `render(json)` is docs/what_you_should_see.md (tests/test_docs.py checks the two agree).
+(runner.max_epochs) and overrides (eval/pass@4); TensorBoard and eval gifs are off (they change no metric). Per
+metric, the median and the 10th-90th percentile over the steps of the first and the last third of training, all
+seeds pooled; per eval metric, each seed's first and last eval. benchmarks/healthy_runs.json keeps them with every
+run's command, commit, load and wall time; `render(json)` is docs/what_you_should_see.md (tests/test_docs.py checks
+the two agree).
 """
 
 from __future__ import annotations
