@@ -301,26 +301,27 @@ class _Producer:
         return len(ray.wait(refs, num_returns=len(refs), timeout=0)[1]) if refs else 0
 
 
+@pytest.fixture(scope="class")  # TestOneGroupOnTwoNodes' shared cluster
+def two_node_echo(ray_cluster):
+    c = Cluster(ClusterConfig(backend="ray", num_nodes=2, num_devices=2, timeout_s=20))
+    try:
+        group = launch_echo(c, "0-1", 2, "Echo")
+        group.info().wait()
+        Channel.create("made_at_setup", c)  # the cluster's queue actor, shared too
+        SHARED.update(a["ActorID"] for a in _alive())
+        yield c, group
+    finally:
+        SHARED.clear()
+        c.shutdown()
+
+
 class TestOneGroupOnTwoNodes:
     """One cluster of both nodes with one Echo group (rank 0 on node 0, rank 1 on node 1) and its queue actor, shared
     by these tests in their order; the last one hangs rank 0 and kills rank 1, and ends the cluster (a group and a
     cluster per test started 4 rank actors and 3 queue actors more)."""
 
-    @pytest.fixture(scope="class")
-    def echo(self, ray_cluster):
-        c = Cluster(ClusterConfig(backend="ray", num_nodes=2, num_devices=2, timeout_s=20))
-        try:
-            group = launch_echo(c, "0-1", 2, "Echo")
-            group.info().wait()
-            Channel.create("made_at_setup", c)  # the cluster's queue actor, shared too
-            SHARED.update(a["ActorID"] for a in _alive())
-            yield c, group
-        finally:
-            SHARED.clear()
-            c.shutdown()
-
-    def test_exception_and_constructor_failure_are_reported_like_local(self, echo):
-        cluster, group = echo
+    def test_exception_and_constructor_failure_are_reported_like_local(self, two_node_echo):
+        cluster, group = two_node_echo
         with pytest.raises(WorkerError, match=r"Echo rank 1 raised in fail\(\)") as err:
             group.fail(1).wait()
         assert "Traceback" in str(err.value) and "ValueError: planned failure on rank 1" in str(err.value)
@@ -333,8 +334,8 @@ class TestOneGroupOnTwoNodes:
         finally:
             broken.shutdown()
 
-    def test_channels_cross_nodes_bounded_and_in_order(self, echo):
-        two_nodes, group = echo
+    def test_channels_cross_nodes_bounded_and_in_order(self, two_node_echo):
+        two_nodes, group = two_node_echo
         bounded = Channel.create("bounded", two_nodes, maxsize=2)
         # large (80 KB: by ObjectRef through the object store) and small (as bytes) in turn: the puts are pipelined
         items = [torch.full((20_000,), i) if i % 2 else torch.randn(1000) for i in range(20)]
@@ -381,15 +382,15 @@ class TestOneGroupOnTwoNodes:
         assert 1 <= len(waits) <= 2 and waits[-1][0] < waits[-1][1] and put_ns < waits[-1][1], (waits, put_ns)
         group.trace_enable(False).wait()
 
-    def test_a_lent_buffer_follows_the_same_rules_on_ray(self, echo):
+    def test_a_lent_buffer_follows_the_same_rules_on_ray(self, two_node_echo):
         """Channel.empty on Ray is ordinary memory (the object store copies on put), under the rules of every
         backend."""
-        check_lent_buffer_rules(Channel.create("rules", echo[0], maxsize=4), "ray")
+        check_lent_buffer_rules(Channel.create("rules", two_node_echo[0], maxsize=4), "ray")
 
-    def test_pipelined_puts_keep_bound_and_timeout_and_a_killed_producer_hangs_no_consumer(self, echo):
+    def test_pipelined_puts_keep_bound_and_timeout_and_a_killed_producer_hangs_no_consumer(self, two_node_echo):
         """A put that finds a slot free does not wait for the queue actor's answer; the bound and the timeouts are the
         unpipelined ones (the order: test_channels_cross_nodes_bounded_and_in_order)."""
-        two_nodes = echo[0]
+        two_nodes = two_node_echo[0]
         producer = _Producer.remote()
         try:
             # the bound: put i (maxsize 2) cannot return before the consumer started taking item i - 2
@@ -438,11 +439,11 @@ class TestOneGroupOnTwoNodes:
         finally:
             ray.kill(producer)  # (killed already when the test gets this far)
 
-    def test_a_hang_and_a_kill9_are_reported_and_the_shutdown_ends_the_rest(self, echo):
+    def test_a_hang_and_a_kill9_are_reported_and_the_shutdown_ends_the_rest(self, two_node_echo):
         """Last: the hang of rank 0, then the kill -9 of rank 1 seen within 10 s, naming group and rank, by a driver
         blocked in a channel get and by a pending call; then the cluster's shutdown, which kills the hung rank after
         the grace period and waits until no actor is left."""
-        two_nodes, group = echo
+        two_nodes, group = two_node_echo
         infos = group.info().wait()
         assert [i["rank"] for i in infos] == [0, 1] and not any(i["cuda_before_pinning"] for i in infos)
         assert [i["cuda_visible"] for i in infos] == ["", ""]  # Ray's own CUDA_VISIBLE_DEVICES was replaced by ours
