@@ -261,7 +261,12 @@ def _stop_on_signals(cluster) -> dict:
 
 
 def build_and_run(cfg: TrainConfig, plan: RunPlan | ReasoningRunPlan) -> list[dict[str, float]]:
-    """Start the workers, train, and stop everything (also on error, Ctrl-C or SIGTERM)."""
+    """Start the workers, train, and stop everything (also on error, Ctrl-C or SIGTERM); the per-step metrics."""
+    return run_to_the_end(cfg, plan).history
+
+
+def run_to_the_end(cfg: TrainConfig, plan: RunPlan | ReasoningRunPlan):
+    """build_and_run, returning the runner (its history, trace spans and schedule log, for tests and tutorials)."""
     from rlinf_mini.scheduler import shm
     from rlinf_mini.scheduler.cluster import Cluster
 
@@ -277,7 +282,8 @@ def build_and_run(cfg: TrainConfig, plan: RunPlan | ReasoningRunPlan) -> list[di
     try:
         runner = (launch_reasoning if isinstance(plan, ReasoningRunPlan) else launch)(cfg, plan, cluster)
         runner.init_workers()
-        return runner.run()
+        runner.run()
+        return runner
     finally:
         try:
             cluster.shutdown()

@@ -22,8 +22,7 @@ from conftest import write_config
 
 from rlinf_mini.config import ConfigError, load_config
 from rlinf_mini.runners.base import find_latest_checkpoint
-from rlinf_mini.scheduler.cluster import Cluster
-from rlinf_mini.train import RunPlan, launch
+from rlinf_mini.train import RunPlan, run_to_the_end
 from stages.train_async import RolloutStore
 from stages.weight_buffer import WRITING, read_newest
 
@@ -55,17 +54,7 @@ def train(tmp_path: Path, name: str, steps: int = 4, resume: str | None = None, 
     if resume:
         argv += ["--runner.resume-dir", resume]
     cfg = load_config(argv)
-    plan = RunPlan(cfg, str(cfg_path))
-    plan.prepare()
-    plan.run_dir.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(cfg.cluster, preload=plan.preload, device_plan=plan.device_plan)
-    try:
-        runner = launch(cfg, plan, cluster)
-        runner.init_workers()
-        runner.run()
-    finally:
-        cluster.shutdown()
-    return runner
+    return run_to_the_end(cfg, RunPlan(cfg, str(cfg_path)))
 
 
 @pytest.fixture(scope="module")

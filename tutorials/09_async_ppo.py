@@ -37,8 +37,7 @@ import torch
 from workbench import OUT, ROOT, check_exercise, matches
 
 from rlinf_mini.config import load_config
-from rlinf_mini.scheduler.cluster import Cluster
-from rlinf_mini.train import RunPlan, launch
+from rlinf_mini.train import RunPlan, run_to_the_end
 from stages.losses import interpolate_proximal_logprobs
 
 MLP = str(ROOT / "configs/embodied_mlp.yaml")
@@ -55,16 +54,7 @@ def train(name: str, *extra: str):
                        "--runner.logger.logger-backends", "--env.train.total-num-envs", "16",
                        "--env.train.max-steps-per-rollout-epoch", "8", "--actor.global-batch-size", "64",
                        "--actor.micro-batch-size", "32", *extra])
-    plan = RunPlan(cfg, name)
-    plan.run_dir.mkdir(parents=True)
-    cluster = Cluster(cfg.cluster, preload=plan.preload, device_plan=plan.device_plan)
-    try:
-        runner = launch(cfg, plan, cluster)
-        runner.init_workers()
-        runner.run()
-    finally:
-        cluster.shutdown()
-    return runner
+    return run_to_the_end(cfg, RunPlan(cfg, name))
 
 
 def asynchronous(staleness: int, *extra: str) -> tuple[str, ...]:
