@@ -320,8 +320,8 @@ def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainCo
         if "-h" in flags or "--help" in flags:
             tyro.cli(TrainConfig, default=cfg, args=flags, prog="python -m rlinf_mini.train [--config FILE]",
                      description=HELP_HEAD)
-        unread: list[str] = []
         try:  # tyro frames its error in a box on the console; flag_error says it in one line from the schema
+            # (silenced: console_outputs=False still lets a value error print)
             with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
                 cfg, unread = tyro.cli(TrainConfig, default=cfg, args=flags, return_unknown_args=True,
                                        console_outputs=False)
