@@ -523,6 +523,26 @@ def test_bad_command_line_is_one_line_naming_the_flag(tmp_path, capsys, case):
     assert_one_line_error(capsys, ["--config", str(write_config(tmp_path)), *args], must_name, tmp_path / "results")
 
 
+def test_flag_errors_come_from_the_schema_not_from_tyros_console(tmp_path, capsys, monkeypatch):
+    """tyro frames its errors in a box on the console; the one line comes from the schema (load.flag_error), so a
+    tyro that words its errors otherwise, or prints nothing, gives the same line."""
+    import tyro
+
+    def tyro_printing_something_else(*args, **kwargs):
+        print("╭─ some other framing ─╮\n│ Error: something else │\n╰──────────────────────╯")
+        raise SystemExit(2)
+
+    config = str(write_config(tmp_path))
+    for args, must_name in [BAD_COMMAND_LINE[case] for case in ("bad_float", "bad_int_message_not_cut", "bad_choice",
+                                                               "missing_value", "unknown_flag")]:
+        assert_one_line_error(capsys, ["--config", config, *args], must_name, tmp_path / "results")
+        with monkeypatch.context() as m:
+            m.setattr(tyro, "cli", tyro_printing_something_else)
+            with pytest.raises(ConfigError) as error:
+                load_config(["--config", config, *args])
+        assert must_name in str(error.value) and "something else" not in str(error.value)
+
+
 BAD_FILE = {  # id -> (file text or None for no file, a string the error must name besides the file)
     "yaml_syntax_error": ("actor: {global_batch_size: 1\n", "YAML syntax error at line 2"),
     "yaml_bad_indentation": ("actor:\n  seed: 1\n micro_batch_size: 2\n", "YAML syntax error at line 3"),

@@ -1,10 +1,16 @@
-"""Loading a run's config: the YAML tree into typed dataclasses (every unknown key at once), `--config FILE`,
-`key=value` and tyro's `--key value` on the command line, and writing the resolved config back."""
+"""Loading a run's config in one pass: `--config FILE` (a second one an overlay) and `key=value` into one YAML tree
+(yaml_tree.py), the tree into typed dataclasses (every unknown key at once, strict types), then tyro's `--key value`
+flags; and writing the resolved config back.
+
+Why not `OmegaConf.structured(TrainConfig)` for the typing: OmegaConf 2.3 refuses the schema's `Literal` keys
+("Unexpected type annotation"), and it converts what the bad-input corpus refuses (`yes` for a bool, `5` for a
+string, `'1e-3'` for a float). docs/architecture.md has the layers and the figures."""
 
 import contextlib
 import dataclasses
 import difflib
 import io
+import itertools
 import re
 import sys
 import types
@@ -161,47 +167,79 @@ def save_config(cfg: TrainConfig, file: str | Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Command line: --config FILE, then tyro overrides
+# Command line: `--config FILE`, `key=value`, then tyro's `--key value` flags
 
 
-def _one_line_tyro_error(text: str) -> str:
-    """tyro prints a framed message: a title, a rule, the message (wrapped over several lines), a rule, help text.
-    Keep the message, joined into one line."""
-    lines = [ln.strip(" │╭╮╰╯├┤") for ln in text.splitlines()]
-    rules = [i for i, ln in enumerate(lines) if ln and set(ln) <= set("─-")]
-    if rules:
-        end = rules[1] if len(rules) > 1 else len(lines)
-        message = " ".join(ln for ln in lines[rules[0] + 1 : end] if ln)
-        if message:
-            return message
-    lines = [ln.strip("─- ") for ln in lines]
-    lines = [ln for ln in lines if ln]
-    return lines[1] if len(lines) > 1 else (lines[0] if lines else "invalid command line")
+def _flag_type(parts: list[str]) -> Any:
+    """The annotation of the key that a flag's dotted parts name (`runner.no_progress_bar`: runner.progress_bar's
+    bool); a section's dataclass for a section; None where the schema has no such key (or the parts go on under a
+    dict: tyro makes a flag per key of a dict's value, cluster.component_placement.actor)."""
+    tp: Any = TrainConfig
+    for depth, part in enumerate(parts):
+        if not dataclasses.is_dataclass(tp):
+            return None
+        hints = typing.get_type_hints(tp)
+        tp = hints.get(part, hints.get(part[3:]) if depth == len(parts) - 1 and part.startswith("no_") else None)
+    return tp
 
 
 def unknown_flag(arg: str) -> str | None:
     """For a `--section.key[=value]` argument whose key path the schema lacks: one line naming it, with the closest
-    key path as a hint; else None (tyro reads it, and reports what else is wrong with it). Read from the schema, not
-    from tyro's message, which lists a value such as `1e-3` as a second unknown argument and hints nothing."""
+    key path as a hint; else None. Read from the schema: tyro lists a value such as `1e-3` as a second unknown
+    argument and hints nothing."""
     if not arg.startswith("--") or arg in ("--help", "--config"):
         return None
     flag = arg.split("=", 1)[0]
     parts = flag[2:].replace("-", "_").split(".")
-    cls: Any = TrainConfig
-    for depth, part in enumerate(parts):
-        hints = typing.get_type_hints(cls)
-        last = depth == len(parts) - 1
-        if part in hints or (last and part.startswith("no_") and part[3:] in hints):  # tyro's --x.no-flag
-            if not dataclasses.is_dataclass(hints.get(part)):
-                return None  # a value, or a dict such as cluster.component_placement: tyro checks its keys
-            cls = hints[part]
+    for depth in range(len(parts)):
+        section = _flag_type(parts[:depth])
+        if not dataclasses.is_dataclass(section):
+            return None  # under a dict (cluster.component_placement.critic): tyro names it unrecognized
+        if _flag_type(parts[: depth + 1]) is not None:
             continue
-        prefix = ".".join(parts[:depth])
-        close = closest_key(part, list(hints))
+        hints = list(typing.get_type_hints(section))
+        close = closest_key(parts[depth], hints)
         hint = "--" + ".".join([*parts[:depth], close, *parts[depth + 1:]]).replace("_", "-") if close else ""
-        where = f"{prefix} has no key {part!r}" if prefix else f"no section {part!r}"
+        prefix = ".".join(parts[:depth])
+        where = f"{prefix} has no key {parts[depth]!r}" if prefix else f"no section {parts[depth]!r}"
         return f"{flag}: unknown flag ({where}{f'; did you mean {hint}?' if hint else ''})"
     return None
+
+
+def flag_error(flags: list[str], unread: list[str] = ()) -> str:
+    """Why tyro refused the flags, in one line (tyro's own message is a framed box, not read): an unknown flag, a flag
+    without its value, a value its key's type cannot hold, or the arguments tyro left unread."""
+    for arg in [*flags, *unread]:
+        if message := unknown_flag(arg):
+            return message
+    for i, arg in enumerate(flags):
+        flag, eq, inline = arg.partition("=")
+        tp = _flag_type(flag[2:].replace("-", "_").split(".")) if arg.startswith("--") else None
+        optional = typing.get_origin(tp) in (typing.Union, types.UnionType)  # X | None: the text None, or an X
+        if optional:
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        values = [inline] if eq else list(itertools.takewhile(lambda a: not a.startswith("--"), flags[i + 1:]))
+        if typing.get_origin(tp) is list:  # every value up to the next flag
+            tp = typing.get_args(tp)[0]
+        elif tp in (int, float, str) or typing.get_origin(tp) is Literal:  # one value (bool flags take none)
+            if not values:
+                return f"Missing value for argument {flag!r}. Expected 1 values."
+            values = values[:1]
+        else:
+            continue
+        for value in values:
+            if optional and value == "None":
+                continue
+            if typing.get_origin(tp) is Literal and value not in typing.get_args(tp):
+                return f"invalid choice {value!r} for argument {flag!r}. Expected one of {typing.get_args(tp)}."
+            try:
+                if tp in (int, float):
+                    tp(value)
+            except ValueError as e:  # Python's own words, as tyro gives them: invalid literal for int() ...
+                return f"Error parsing {flag}: {e}"
+    if unread:
+        return f"Unrecognized options: {', '.join(unread)}"
+    return f"cannot read {' '.join(flags)} (--help lists the flags)"
 
 
 _OVERRIDE = re.compile(r"^\+{0,2}([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)+)=(.*)$", re.S)
@@ -232,6 +270,21 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
     return rest, overrides
 
 
+def _config_files(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The `--config FILE` (or `--config=FILE`) files, in order, and the other arguments. A `--config` without a file
+    is left in the rest."""
+    files, rest, args = [], [], list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg.startswith("--config="):
+            files.append(arg.removeprefix("--config="))
+        elif arg == "--config" and args:
+            files.append(args.pop(0))
+        else:
+            rest.append(arg)
+    return files, rest
+
+
 HELP_HEAD = f"""{TrainConfig.__doc__}
 
 --config FILE: the run's YAML (RLinf's schema); keys not in it keep the defaults shown below. A second --config
@@ -241,61 +294,48 @@ FILE is an overlay merged over the first (its component_placement replaces the f
 --explain: print the plan (placement, devices, batches, every check) and start nothing.
 
 Overrides: actor.optim.lr=1e-3 (Hydra style, applied after the file), or the flags below (--actor.optim.lr 1e-3),
-which win over both."""
+which win over both. Longer notes on each key, and where it differs from RLinf: docs/rlinf_keys.md."""
 
 
 def load_config(argv: list[str] | None = None, validate: bool = True) -> TrainConfig:
     """Parse `[--config FILE] [section.key=value ...] [--section.key VALUE ...]` into a validated TrainConfig.
 
-    Precedence: dataclass defaults < YAML file (with its `defaults:` list) < `key=value` < `--key value`. Raises
-    ConfigError (one line, naming the key and the file) on bad input; `--help` prints every key and exits.
+    One pass: the files (with their `defaults:` lists, a second `--config` as an overlay) and the `key=value`
+    overrides become one tree (read_yaml_tree), typed into a TrainConfig (config_from_tree); tyro then applies the
+    `--key value` flags. Precedence: dataclass defaults < YAML < `key=value` < `--key value`. Raises ConfigError (one
+    line, naming the key and the file) on bad input; `--help` prints every key and exits.
     `validate=False` skips `validate_config` (the types are still checked): `--explain` reports what breaks itself.
     """
-    argv, overrides = split_overrides(_split_config_flag(sys.argv[1:] if argv is None else argv))
-    files = []  # `--config A --config B`: B is an overlay merged over A (the autotune writes one)
-    while "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv):
-            raise ConfigError("command line: --config needs a file")
-        files.append(argv[i + 1])
-        del argv[i : i + 2]
-    file = files[0] if files else None
+    files, rest = _config_files(sys.argv[1:] if argv is None else argv)
+    if "--config" in rest:
+        raise ConfigError("command line: --config needs a file")
+    flags, overrides = split_overrides(rest)
     named = " + ".join(files) or "defaults"
     source = named + (" + command line" if overrides else "")
-    default = (config_from_tree(read_yaml_tree(file, overrides, files[1:]), source) if file or overrides
-               else TrainConfig())
-    cfg = default  # no `--key value` left: tyro would build its whole parser only to return the default
-    for arg in argv:
-        message = unknown_flag(arg)
-        if message:
-            raise ConfigError(f"command line: {message}")
-    if argv:
+    cfg = (config_from_tree(read_yaml_tree(files[0] if files else None, overrides, files[1:]), source)
+           if files or overrides else TrainConfig())
+    if flags:  # no flag: tyro would build its whole parser only to return cfg
         import tyro  # imported here so that reading YAML alone (tests, tutorials, runs without flags) stays light
 
-        if "-h" in argv or "--help" in argv:
-            tyro.cli(TrainConfig, default=default, args=argv, prog="python -m rlinf_mini.train [--config FILE]",
+        if "-h" in flags or "--help" in flags:
+            tyro.cli(TrainConfig, default=cfg, args=flags, prog="python -m rlinf_mini.train [--config FILE]",
                      description=HELP_HEAD)
-        captured = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-                cfg = tyro.cli(TrainConfig, default=default, args=argv)
+        try:  # tyro frames its error in a box on the console; flag_error says it in one line from the schema
+            # (silenced: console_outputs=False still lets a value error print)
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                cfg, unread = tyro.cli(TrainConfig, default=cfg, args=flags, return_unknown_args=True,
+                                       console_outputs=False)
         except SystemExit:
-            raise ConfigError(f"command line: {_one_line_tyro_error(captured.getvalue())}") from None
+            raise ConfigError(f"command line: {flag_error(flags)}") from None
+        if unread:
+            raise ConfigError(f"command line: {flag_error([], unread)}")
     if validate:
-        validate_config(cfg, f"{named} + command line" if argv or overrides else named)
+        validate_config(cfg, f"{named} + command line" if flags or overrides else named)
     return cfg
-
-
-def _split_config_flag(argv: list[str]) -> list[str]:
-    """`--config=FILE` -> `--config FILE`, the one form the code below looks for."""
-    return [part for arg in argv
-            for part in (["--config", arg.removeprefix("--config=")] if arg.startswith("--config=") else [arg])]
 
 
 def config_source(argv: list[str]) -> str:
     """How error messages name where the config came from: the YAML file, and whether the command line changed it."""
-    argv = _split_config_flag(argv)
-    files = [argv[i + 1] for i, a in enumerate(argv) if a == "--config" and i + 1 < len(argv)]
+    files, rest = _config_files(argv)
     source = " + ".join(files) or "defaults"
-    rest = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
     return f"{source} + command line" if rest else source

@@ -20,15 +20,13 @@ class InitParams:
     cell_pixels: int = 4
     """rlinf_mini, PixelReach-v0: each cell is cell_pixels x cell_pixels pixels (image side = grid_size * this)."""
     obs_mode: Literal["state", "rgb"] = "state"
-    """rlinf_mini, env_type metaworld: 'state' = MetaWorld's 39-dim state vector (MLP policy); 'rgb' = RLinf's obs
-    dict (camera image, the task description, the 4-dim hand state) for the tiny VLA."""
+    """rlinf_mini, env_type metaworld: 'state' (39-dim vector) or 'rgb' (RLinf's obs dict, tiny VLA)."""
     camera_heights: int = 480
     """env_type metaworld, obs_mode rgb: camera image height in pixels."""
     camera_widths: int = 480
     """env_type metaworld, obs_mode rgb: camera image width in pixels."""
     make_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
-    """env_type gymnasium: keyword arguments of gymnasium.make. In YAML write them beside id, as RLinf does
-    (`init_params: {id: LunarLander-v3, continuous: true}`): every init_params key not named above lands here."""
+    """env_type gymnasium: gymnasium.make's keyword arguments (in YAML: init_params' other keys)."""
 
 
 @dataclass
@@ -46,29 +44,19 @@ class VideoConfig:
 @dataclass
 class EnvSplitConfig:
     env_type: Literal["fake", "gymnasium", "maniskill", "metaworld"] = "fake"
-    """'fake' (rlinf_mini's CPU envs), 'gymnasium' (any installed gymnasium id in init_params.id), 'maniskill'
-    (a ManiSkill3 id; needs the maniskill extra and a render device) or 'metaworld' (task_suite_name; the metaworld
-    extra, CPU only)."""
+    """'fake' (CPU envs), 'gymnasium' (init_params.id), 'maniskill' or 'metaworld' (task_suite_name)."""
     task_suite_name: str = "metaworld_50"
-    """env_type metaworld: RLinf's suites 'metaworld_50', 'metaworld_45_ind' (ML45 train), 'metaworld_45_ood'
-    (ML45 test), MetaWorld's 'MT10', or one MetaWorld task by its own name ('push-v3'). Sub-env e runs task
-    (e // group_size) % tasks."""
+    """env_type metaworld: 'metaworld_50', 'metaworld_45_ind', '_ood', 'MT10', or one task."""
     use_one_hot: bool = False
-    """env_type metaworld, obs_mode state: append the task's one-hot (its index in task_suite_name's list) to the
-    39-dim state, as MetaWorld's MT benchmarks do (`use_one_hot`): the MLP's task embedding. obs [B, 39 + tasks]."""
+    """env_type metaworld, obs_mode state: append the task's one-hot to the 39-dim state."""
     use_rel_reward: bool = True
     """env_type metaworld: the reward is the change of the step reward since the last step (RLinf's math)."""
     reward_coef: float = 1.0
-    """env_type metaworld: step reward = reward_coef * success (RLinf), or reward_coef * MetaWorld's shaped reward
-    with use_dense_reward."""
+    """env_type metaworld: step reward = reward_coef * success (or * the dense reward)."""
     use_dense_reward: bool = False
-    """rlinf_mini, env_type metaworld: MetaWorld's shaped reward (0..10 per step) instead of RLinf's sparse success
-    reward (RLinf starts from an SFT policy; an MLP trained from scratch needs the shaping)."""
+    """rlinf_mini, env_type metaworld: MetaWorld's shaped reward, not RLinf's sparse success."""
     normalize_reward: bool = False
-    """rlinf_mini, env.train: divide each sub-env's rewards by the running std of its discounted return (gamma:
-    algorithm.gamma), clipped to [-10, 10] (SB3 VecNormalize's reward half; gymnasium's NormalizeReward per sub-env,
-    as CleanRL applies it; RLinf has no such key). The actor trains on the scaled rewards; env/return and eval
-    report raw ones. The statistics are the env worker's, saved in checkpoints (env.pt)."""
+    """rlinf_mini, env.train: scale rewards by the running std of the return (SB3 VecNormalize)."""
     ignore_terminations: bool = False
     """env_type metaworld: success does not end the episode; episodes run to max_episode_steps (RLinf's key)."""
     total_num_envs: int = 16

@@ -36,10 +36,7 @@ class ArithmeticDataConfig:
     few_shot: int = 0
     """rlinf_mini: start each prompt with this many solved problems, one per line (for pretrained models)."""
     zero_pad: bool = False
-    """rlinf_mini: write operands zero-padded to max_operand's digits and the sum to one more ('07+45=' -> '052';
-    the verifier reads '052' as 52): each digit of a place keeps its position, which a small model needs to learn
-    carrying (configs/math.yaml: true; the tiny GPT-2, supervised on 4096 sums: held-out 0.90 after 2000 steps as
-    written, 1.00 after 750 padded). False writes them as they are ('7+45=' -> '52')."""
+    """rlinf_mini: zero-pad operands and the sum ('07+45=' -> '052'): each digit keeps its place."""
 
 
 @dataclass
@@ -49,21 +46,17 @@ class DataConfig:
     dataset_name: str = ""
     """'arithmetic': the entry writes train_data_paths[0] / val_data_paths[0] when missing (rlinf_mini/data)."""
     train_data_paths: list[str] = field(default_factory=list)
-    """Training prompt files (.jsonl, .json, .parquet), one object / row each with prompt_key and answer_key
-    (rlinf_mini/data/rows.py; parquet needs the [parquet] extra)."""
+    """Training prompt files (.jsonl, .json, .parquet), rows with prompt_key and answer_key."""
     val_data_paths: list[str] = field(default_factory=list)
     """Held-out prompt files, as train_data_paths (greedy exact match, logged as eval/accuracy)."""
     prompt_key: str = "prompt"
     """The key of the prompt text (GSM8K's: 'question'); a prompt must be a string (no chat template)."""
     answer_key: str = "solutions"
-    """The key of the reference answer: a string, a number or a list of accepted ones; a '#### 42' (GSM8K's) or
-    '\\boxed{42}' answer keeps what the verifier compares ('42'; GSM8K's key: 'answer')."""
+    """The key of the reference answer: a string, a number or a list of accepted ones."""
     max_prompt_length: int = 16
     """Prompt tokens at most, in the model's tokenizer (prompts are left-padded to the longest of their batch)."""
     filter_prompt_by_length: bool = True
-    """Drop prompts longer than max_prompt_length (counted in a note at start), else they are an error naming the
-    file and line. rlinf_mini's default is true, RLinf's false: RLinf then truncates such a prompt, cutting off its
-    end (the question); here an over-long prompt is never cut."""
+    """Drop prompts over max_prompt_length, else an error (RLinf's default false: truncated)."""
     rollout_batch_size: int = 16
     """Prompts per training step; each gets algorithm.group_size responses."""
     shuffle: bool = True
@@ -89,19 +82,12 @@ class RewardConfig:
     reward_min_val: float = -1.0
     """Reward of a wrong or missing answer (before reward_scale)."""
     reward_funcs: list[str] = field(default_factory=lambda: ["accuracy"])
-    """Reasoning (TRL's name; RLinf has one reward): the built-in reward functions summed into the reward
-    (stages/reasoning_reward.py REWARD_FUNCS): 'accuracy' (reward_max_val if the verifier accepts the answer, else
-    reward_min_val) and 'format' (1 if the answer is stated in a final form, else 0). Each is logged as reward/<name>
-    (its unweighted mean)."""
+    """Reasoning (TRL's name): the built-in rewards summed: 'accuracy', 'format'."""
     reward_weights: list[float] = field(default_factory=list)
-    """Reasoning (TRL's name): the weight of each of reward_funcs, reward = reward_scale x sum_i w_i f_i; empty = all
-    1 (TRL's None)."""
+    """Reasoning (TRL's name): the weight of each of reward_funcs; empty = all 1."""
     verifier: Literal["rule", "math_verify"] = "rule"
-    """How 'accuracy' (and eval) judge an answer: 'rule', the built-in extraction and exact-fraction comparison, or
-    'math_verify', HF's math-verify (LaTeX, units, symbolic equality; the [math] extra), each call bounded by a 5 s
-    timeout (a timeout scores as wrong)."""
+    """How 'accuracy' judges an answer: 'rule' (built-in) or 'math_verify' (HF's, the [math] extra)."""
     permute_rewards: bool = False
-    """rlinf_mini: a control experiment: the actor shuffles the rewards within each step's batch (seeded), so they
-    carry no information about the responses; a run that still improves learns from something else."""
+    """rlinf_mini: a control: shuffle the rewards within each batch (they carry no information)."""
 
 
