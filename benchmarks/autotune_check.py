@@ -6,11 +6,18 @@ grid of measured step times beside the predictions, the pick, the pick's measure
 
     python -m benchmarks.autotune_check                     # about 5 minutes on 2 cores
     python -m benchmarks.autotune_check --out benchmarks/autotune_check.json
+    python -m benchmarks.autotune_check --regimes math --out benchmarks/autotune_check.json   # the reasoning half only
+
+--out keeps the regimes already in the file that this run did not measure (each regime records its date, commit and
+load average).
 
 Regimes: configs/embodied_mlp.yaml (the fake reach env, the MLP) with the latency knobs set env-bound
 (env.train.step_latency_s 4 ms a sub-step, rollout.policy_latency_s 0.5 ms a call), policy-bound (0.5 ms, 4 ms) and
 balanced (2 ms, 2 ms); and configs/metaworld_reach.yaml, MetaWorld's own costs. The knobs are waits per call, not per
 sub-env: splitting the envs into stages does not shorten them, which the autotune has to find out by measuring.
+The reasoning regime, configs/math.yaml: rollout -> reward -> actor, stages = chunks a step; its runners share
+channels' names by group, so they are measured REASONING_GROUP at a time in one cluster (more would not fit beside
+the other work of a 2-core machine), the groups one after the other.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ REGIMES = {  # name -> (config, key=value's)
                      ["env.train.step_latency_s=0.0005", "rollout.policy_latency_s=0.004"]),
     "balanced": ("configs/embodied_mlp.yaml", ["env.train.step_latency_s=0.002", "rollout.policy_latency_s=0.002"]),
     "metaworld": ("configs/metaworld_reach.yaml", []),
+    "math": ("configs/math.yaml", []),
 }
+REASONING_GROUP = 6  # reasoning runners (3 to 5 processes each) alive at once
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,10 @@ def check(name: str, config: str, overrides: list[str], reps: int) -> dict:
     def make_config(case: Candidate, log_path: str):
         return quiet_config(layout_config(cfg, ranked[case.index].layout), log_path, case.tag)
 
-    times, _ = measure(cases, 0, reps, make_config=make_config)
+    if cfg.runner.task_type == "reasoning":
+        times = measure_reasoning(cfg, ranked, cases, reps, source)
+    else:
+        times, _ = measure(cases, 0, reps, make_config=make_config)
     grid = []
     for case in cases:
         row = ranked[case.index]
@@ -90,6 +102,23 @@ def check(name: str, config: str, overrides: list[str], reps: int) -> dict:
     return report
 
 
+def measure_reasoning(cfg, ranked: list, cases: list[Candidate], reps: int, source: str) -> dict:
+    """Each case's rounds of {"step_s", "generate_s"} (time/step; time/rollout, the slowest rollout rank's
+    generation), REASONING_GROUP runners at a time (profile.measure_steps: one warm-up step, then rounds)."""
+    from rlinf_mini.autotune.profile import measure_steps
+    from rlinf_mini.autotune.reasoning import layout_config
+
+    times = {}
+    for start in range(0, len(cases), REASONING_GROUP):
+        group = cases[start:start + REASONING_GROUP]
+        rounds = measure_steps({c.tag: layout_config(cfg, ranked[c.index].layout) for c in group}, reps, source,
+                               rounds=True)
+        for c in group:
+            times[c] = [{"step_s": t["time/step"], "generate_s": t["time/rollout"]} for t in rounds[c.tag]]
+        print(f"  measured {min(start + REASONING_GROUP, len(cases))} of {len(cases)} candidates", flush=True)
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.autotune_check", description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="measured rounds per candidate (after one warm-up)")
@@ -108,10 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({time.perf_counter() - t:.0f} s)")
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        Path(args.out).write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
-            "cpus": len(os.sched_getaffinity(0)), "load_average_at_end": os.getloadavg(), "reps": args.reps,
-            "regimes": reports}, indent=2))
+        stamp = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+                 "cpus": len(os.sched_getaffinity(0)), "load_average_at_end": os.getloadavg(), "reps": args.reps}
+        out = Path(args.out)
+        kept = json.loads(out.read_text()) if out.exists() else {}
+        stamp_old = {k: v for k, v in kept.items() if k != "regimes"}
+        regimes = [r | ({} if "date" in r else stamp_old) for r in kept.get("regimes", [])
+                   if r["regime"] not in names]  # each kept regime keeps the stamp of the run that measured it
+        out.write_text(json.dumps(stamp | {"regimes": regimes + [r | stamp for r in reports]}, indent=2))
         print(f"wrote {args.out}")
     return 0
 
