@@ -231,26 +231,29 @@ MATH_PROFILE = ["profile_data.rollout_cost=0.1", "profile_data.actor_cost=0.2", 
 def simulate_reasoning_step(layout: ReasoningLayout, G: float, R: float, A: float, hop: float) -> float:
     """The runner's step, event by event, with ranks on one device splitting its core evenly: rollout rank r
     generates chunks r, r + W_r, ... in turn; reward rank w scores chunks w, w + W_w, ... in turn, each once it is
-    generated; actor rank a trains once its block of chunks is scored. Taking its input costs a rank `hop` (a wait,
-    no core). Returns when the last actor rank ends."""
+    generated; actor rank a trains once its block of chunks is scored. A message from a rank on another device
+    reaches its receiver `hop` later (a wait, no core). Returns when the last actor rank ends."""
     K = layout.stages
     wr, ww, wa = len(layout.rollout), len(layout.reward), len(layout.actor)
     ranks = ([(d, [((), G, ("gen", c)) for c in range(r, K, wr)]) for r, d in enumerate(layout.rollout)]
              + [(d, [((("gen", c),), R, ("scored", c)) for c in range(w, K, ww)]) for w, d in enumerate(layout.reward)]
              + [(d, [(tuple(("scored", c) for c in range(a * K // wa, (a + 1) * K // wa)), A, ("done", a))])
                 for a, d in enumerate(layout.actor)])
+    device_of = {("gen", c): layout.rollout[c % wr] for c in range(K)} | {
+        ("scored", c): layout.reward[c % ww] for c in range(K)}
     done, t = {}, 0.0
     state = [{"task": 0, "phase": "wait", "until": 0.0, "left": 0.0} for _ in ranks]
     while True:
         moved = True
         while moved:  # every transition possible at time t
             moved = False
-            for (_, tasks), st in zip(ranks, state, strict=True):
+            for i, ((_, tasks), st) in enumerate(zip(ranks, state, strict=True)):
                 if st["task"] == len(tasks):
                     continue
                 deps, work, event = tasks[st["task"]]
                 if st["phase"] == "wait" and all(e in done for e in deps):
-                    st["phase"], st["until"], moved = "hop", t + hop, True
+                    arrive = [done[e] + hop * (device_of[e] != ranks[i][0]) for e in deps]
+                    st["phase"], st["until"], moved = "hop", max([t, *arrive]), True
                 elif st["phase"] == "hop" and st["until"] <= t + 1e-12:
                     st["phase"], st["left"], moved = "compute", work, True
                 elif st["phase"] == "compute" and st["left"] <= 1e-12:

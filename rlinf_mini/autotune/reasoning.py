@@ -14,14 +14,17 @@ What is measured (`profile`, on one device, with the code the workers run), or g
   G(b)  generating one chunk of b responses (rollout.fast_generation as configured)
   R(b)  scoring one chunk (decode, the reward functions)
   A(m)  the actor's work on m responses on one rank (stack, advantages, recompute, the update)
-  from a short run of the real runner (`calibrate`): hop (what one channel message adds before its receiver starts),
+  from a short run of the real runner (`calibrate`): hop (what a channel message between two devices adds before
+  its receiver starts: that rank sleeps on a core of its own and must be woken and scheduled there; between ranks
+  of one device it adds nothing, as the receiver takes the core when the sender goes back to waiting),
   sync (seconds per rollout rank: time/sync_weights), fixed (the rest of time/step), and A at the real placement
 What is fit: G, R and A are affine in their batch, a + b n (model.Affine: a measured batch is used as measured).
 
-The formula. Chunk c's generation ends at g_c = g_(c - W_r) + hop + G(b); its scoring at
-s_c = max(s_(c - W_w), g_c) + hop + R(b); actor rank a is ready at ready_a = the latest s_c of its block; the step's
-generate-and-train ends at the slowest of
-  ready_a + hop + A(N / W_a)   for every actor rank (the all-reduce ties them: the last one sets the end)
+The formula (x_c: 1 where chunk c's message crosses devices, else 0). Chunk c's generation ends at
+g_c = g_(c - W_r) + G(b) (its prompts wait in the channel); its scoring at s_c = max(s_(c - W_w), g_c + x_c hop) +
+R(b); actor rank a is ready at ready_a = the latest s_c + x_c hop of its block; the step's generate-and-train ends
+at the slowest of
+  ready_a + A(N / W_a)         for every actor rank (the all-reduce ties them: the last one sets the end)
   work_d                       every device's compute: the chunks its rollout and reward ranks handle, x G or x R,
                                plus A for each actor rank on it (ranks on one device share its core: compute on
                                one core does not overlap)
@@ -107,14 +110,7 @@ class ReasoningLayout:
         return " | ".join(f"{k}: {v}" for k, v in self.placement().items())
 
     def key(self) -> tuple:
-        """The same for a layout and its mirror image on reversed devices (the devices are alike)."""
-        ranks = (self.rollout, self.reward, self.actor)
-        D = 1 + max(max(r) for r in ranks)
-        return min(ranks, _mirror(ranks, D)), self.stages
-
-
-def _mirror(ranks: tuple[tuple[int, ...], ...], num_devices: int) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(sorted(num_devices - 1 - x for x in devs)) for devs in ranks)
+        return self.rollout, self.reward, self.actor, self.stages
 
 
 def predict_reasoning(layout: ReasoningLayout, costs: ReasoningCosts, work: ReasoningWorkload) -> Prediction:
@@ -127,16 +123,19 @@ def predict_reasoning(layout: ReasoningLayout, costs: ReasoningCosts, work: Reas
     devices = sorted(set(layout.rollout) | set(layout.reward) | set(layout.actor))
     g, s, work_upto = [0.0] * K, [0.0] * K, []  # work_upto[c]: {device: compute of chunks 0..c}
     acc = dict.fromkeys(devices, 0.0)
-    for c in range(K):
-        g[c] = (g[c - wr] if c >= wr else 0.0) + hop + G
-        s[c] = max(s[c - ww] if c >= ww else 0.0, g[c]) + hop + R
-        acc[layout.rollout[c % wr]] += G
-        acc[layout.reward[c % ww]] += R
-        work_upto.append(dict(acc))
     per = K // wa
-    ready = [max(max(s[a * per:(a + 1) * per]), max(work_upto[(a + 1) * per - 1].values())) for a in range(wa)]
+    for c in range(K):
+        src, dst = layout.rollout[c % wr], layout.reward[c % ww]
+        g[c] = (g[c - wr] if c >= wr else 0.0) + G  # its prompts were put before the rollout started
+        s[c] = max(s[c - ww] if c >= ww else 0.0, g[c] + hop * (src != dst)) + R
+        acc[src] += G
+        acc[dst] += R
+        work_upto.append(dict(acc))
+    # actor rank a: its block's scored chunks, each a hop later when it crosses devices
+    ready = [max(max(s[c] + hop * (layout.reward[c % ww] != layout.actor[a]) for c in range(a * per, (a + 1) * per)),
+                 max(work_upto[(a + 1) * per - 1].values())) for a in range(wa)]
     work_d = {d: acc[d] + layout.actor.count(d) * A for d in devices}
-    generate_and_train = max(max(r + hop + A for r in ready), max(work_d.values()))
+    generate_and_train = max(max(r + A for r in ready), max(work_d.values()))
     generate = max(max(s), max(work_upto[-1].values()))
     step = wr * costs.sync_s + generate_and_train + costs.fixed_s
     actor_bytes = (5 if costs.reference_model else 4) * costs.weight_bytes + m * costs.sample_bytes
@@ -169,12 +168,13 @@ def _sub_layouts(chain: tuple[str, ...], devices: tuple[int, ...]) -> list[dict[
 
 
 def candidate_layouts(num_devices: int, work: ReasoningWorkload, max_chunks: int) -> list[ReasoningLayout]:
-    """The cut search's layouts, each once (a layout and its mirror image on reversed devices count once: the
-    devices are alike), collocated, then disaggregated, then hybrid, each with every chunk count."""
+    """The cut search's layouts, each once, collocated, then disaggregated, then hybrid, each with every chunk count.
+    A layout and its mirror image on reversed devices are two: chunk c goes to rank c mod W of each component, so
+    which chunks cross devices differs between them."""
     D, seen, layouts = num_devices, set(), []
     for ranks in _sub_layouts(COMPONENTS, tuple(range(D))):
         key = tuple(ranks[c] for c in COMPONENTS)
-        if key not in seen and _mirror(key, D) not in seen:
+        if key not in seen:
             seen.add(key)
             layouts.append(key)
     order = ("collocated", "disaggregated", "hybrid")
