@@ -32,19 +32,19 @@ and ready_a itself is at least the rollout and reward work on each device up to 
 step = W_r sync + that + fixed. It assumes the ranks of a component cost alike and ranks on different devices do
 not slow each other. Where no device holds two components it is exact (the chains are the whole story); where one
 does, it is a lower bound: ranks sharing a core also stretch each other's chains, which only the device term sees
-(tests/test_autotune.py bounds the gap against a simulation in which shared ranks split their core evenly). Bubble: the share of device-time with no compute,
-1 - sum_d work_d / (D x step). Memory per device: per rank a process at rest, a rollout rank the weights twice (the
-model and its receive buffer), an actor rank four times (weights, gradients, Adam's two moments; a fifth with a
-reference model) plus its m responses' logits, their log-softmax and its gradient (fp32, response length + 1
-positions x vocabulary).
+(tests/test_autotune.py bounds the gap against a simulation in which shared ranks split their core evenly).
+Bubble: the share of device-time with no compute, 1 - sum_d work_d / (D x step). Memory per device: per rank a
+process at rest, a rollout rank the weights twice (the model and its receive buffer), an actor rank four times
+(weights, gradients, Adam's two moments; a fifth with a reference model) plus its m responses' logits, their
+log-softmax and its gradient (fp32, response length + 1 positions x vocabulary).
 
 The search (`candidate_layouts`): RLinf's cut search on the chain rollout -> reward -> actor, recursively: both sides
 of a cut on the same devices (collocated), on a split of them (disaggregated, both orders), or one side on all of
 them and the other on a part (hybrid: RLinf's search refuses hybrids for reasoning; this runtime runs them, so they
 are ranked). Each layout is tried with every chunk count K that divides data.rollout_batch_size, up to --max-stages
-(the overlay sets algorithm.rollout_batch_size_per_gpu; the responses do not change with it: each response's noise
-is its own). Refusals: every check a reasoning run makes before it starts (batch divisibility over the actor ranks),
-and memory.
+(the overlay sets algorithm.rollout_batch_size_per_gpu; the sampling noise does not change with it: each
+response draws from its own stream). Refusals: every check a reasoning run makes before it starts (batch
+divisibility over the actor ranks), and memory.
 
 RLinf counterpart: `toolkits/auto_placement/` with the reasoning graph (rollout -> inference -> actor; node.py's
 RolloutNode / MegatronNode costs from profile_data.rollout_cost, inference_cost and actor_cost).
