@@ -8,8 +8,9 @@
 Options: --out FILE (the overlay; default <log_path>/autotune/<config>.yaml), --max-stages K (pipeline stages tried:
 1..K, default 4; reasoning: the chunk counts up to K that divide data.rollout_batch_size), --memory-gb G (per
 device; default the GPU's memory, or RAM / num_devices), --reps R (measured calls per cost). The rest of the
-command line is the train command's (--config, key=value, --section.key value). A config with `profile_data` (RLinf's keys: env/rollout profile data and actor_cost; reasoning: rollout_cost,
-actor_cost, inference_cost) is not profiled.
+command line is the train command's (--config, key=value, --section.key value). A config with `profile_data`
+(RLinf's keys: env/rollout profile data and actor_cost; reasoning: rollout_cost, actor_cost, inference_cost) is
+not profiled.
 """
 
 from __future__ import annotations
