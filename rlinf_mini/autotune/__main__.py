@@ -121,9 +121,12 @@ def autotune_reasoning(cfg: TrainConfig, source: str, max_stages: int, memory_by
                   disable=not progress, leave=False) as bar:
             costs = r.profile(cfg, source, chunk_sizes, actor_sizes, reps, bar)
             slope = {lay: _hop_slope(lay, costs, work, r.predict_reasoning) for lay in valid}
-            pair = [min(valid, key=slope.get), max(valid, key=slope.get)]
+            # the layouts leaning least and most on hop, and the one the uncalibrated costs favour (it is measured
+            # before it can win on a hop of 0)
+            favoured = min(valid, key=lambda lay: r.predict_reasoning(lay, costs, work).step_s)
+            chosen = list(dict.fromkeys([min(valid, key=slope.get), max(valid, key=slope.get), favoured]))
             bar.set_description("autotune: calibrating on the runner")
-            costs = r.calibrate(cfg, costs, work, pair if pair[0] != pair[1] else pair[:1], source)
+            costs = r.calibrate(cfg, costs, work, chosen, source, reps=3)
             bar.update(1)
     ranked = rank(rows, costs, work, memory_bytes, predictor=r.predict_reasoning)
     mine = r.layout_of(cfg, D)

@@ -358,10 +358,10 @@ def calibrate(cfg: TrainConfig, costs: ReasoningCosts, work: ReasoningWorkload, 
     base = dataclasses.replace(costs, hop_s=0.0, sync_s=0.0, fixed_s=0.0)
     measured = measure_steps({f"cal{i}": layout_config(cfg, lay) for i, lay in enumerate(layouts)}, reps, source)
     delta = 1e-3
-    residual, slope, weight, actor = [], [], [], dict(costs.actor.points)
-    for i, lay in enumerate(layouts):
-        m = measured[f"cal{i}"]
-        actor[work.responses // len(lay.actor)] = m["time/actor/train"]
+    residual, slope, weight, runs = [], [], [], {}
+    for i, lay in enumerate(layouts):  # {responses per actor rank: the runner's time/actor/train at that size}
+        runs.setdefault(work.responses // len(lay.actor), []).append(measured[f"cal{i}"]["time/actor/train"])
+    actor = dict(costs.actor.points) | {m: statistics.median(t) for m, t in runs.items()}
     base = dataclasses.replace(base, actor=Affine.of(actor))
     for i, lay in enumerate(layouts):
         m = measured[f"cal{i}"]
