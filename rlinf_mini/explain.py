@@ -346,16 +346,18 @@ def explain_reasoning(cfg: TrainConfig, source: str, num_gpus: int | None = None
               f"responses, in chunks of {cfg.algorithm.rollout_batch_size_per_gpu} prompts",
               f"{responses} / global_batch_size {cfg.actor.global_batch_size} = "
               f"{responses // cfg.actor.global_batch_size} optimizer steps per update epoch", "all checks pass"]
-    return "\n".join(lines), None
+    return "\n".join(lines + autotune_note(cfg, source)), None
 
 
 def autotune_note(cfg: TrainConfig, source: str) -> list[str]:
-    """With profile_data in the config: whether its placement and depth are the autotune's pick (the search on those
-    costs; nothing is profiled here). Without: nothing."""
+    """With profile_data in the config: whether its placement and depth (embodied: pipeline stages; reasoning: the
+    chunk size) are the autotune's pick (the search on those costs; nothing is profiled here). Without: nothing."""
     from rlinf_mini.autotune.__main__ import autotune
 
-    if cfg.runner.task_type != "embodied" or not (cfg.profile_data.env_profile_data
-                                                  or cfg.profile_data.rollout_profile_data):
+    pd = cfg.profile_data
+    given = (pd.rollout_cost > 0 or pd.rollout_profile_data) if cfg.runner.task_type == "reasoning" else \
+        (pd.env_profile_data or pd.rollout_profile_data)
+    if not given:
         return []
     try:
         result = autotune(cfg, source, progress=False)

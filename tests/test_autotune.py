@@ -1,6 +1,7 @@
 """The placement autotune (rlinf_mini/autotune/): the pipeline formula against an event-by-event simulation of the
 env/rollout protocol, the search against a brute-force enumeration of every layout, the ranking, the named refusals,
-RLinf's profile_data, the overlay the train command loads, and one-line errors. Fixed costs only: no test here
+RLinf's profile_data, the overlay the train command loads, and one-line errors; the reasoning half's formula against
+a simulation of its runner's protocol and its search against brute force, likewise. Fixed costs only: no test here
 profiles or starts a process (the measured check is benchmarks/autotune_check.py)."""
 
 import dataclasses
@@ -10,8 +11,11 @@ import pytest
 
 from rlinf_mini.autotune.__main__ import autotune, main, overlay, overrides, write_overlay
 from rlinf_mini.autotune.model import Affine, Costs, Layout, Workload, cycle_terms, predict
+from rlinf_mini.autotune import reasoning
+from rlinf_mini.autotune.reasoning import ReasoningCosts, ReasoningLayout, ReasoningWorkload, candidate_layouts, \
+    predict_reasoning
 from rlinf_mini.autotune.search import ACTOR_RULE, rank, rule_refusal, screen
-from rlinf_mini.config import load_config
+from rlinf_mini.config import ConfigError, load_config
 from rlinf_mini.explain import explain
 
 CONFIG = "configs/embodied_mlp.yaml"
@@ -190,12 +194,6 @@ def test_bad_input_is_one_line_naming_the_key(argv, key, capsys):
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and key in err, err
 
 
-def test_reasoning_is_refused_in_one_line(capsys):
-    assert main(["--config", "configs/math.yaml", "--no-progress-bar"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "runner.task_type: reasoning" in err and "not built" in err
-
-
 def test_overlay_replaces_the_whole_placement(tmp_path):
     """configs/metaworld_reach.yaml places 'env,rollout,actor' under one key; an overlay with a key per component
     replaces it (merged, the env would be placed twice)."""
@@ -220,3 +218,177 @@ def test_explain_says_whether_the_placement_is_the_pick():
     assert "this placement and depth are its pick" in explain(tuned, CONFIG, num_gpus=0)[0]
     plain, _ = explain(load_config(["--config", CONFIG]), CONFIG, num_gpus=0)
     assert "autotune" not in plain  # no profile_data: nothing is profiled inside --explain
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The reasoning half: rollout -> reward -> actor
+
+MATH = "configs/math.yaml"
+MATH_PROFILE = ["profile_data.rollout_cost=0.1", "profile_data.actor_cost=0.2", "profile_data.inference_cost=0.04",
+                "profile_data.hop_s=0.002", "profile_data.fixed_s=0.003"]
+
+
+def simulate_reasoning_step(layout: ReasoningLayout, G: float, R: float, A: float, hop: float) -> float:
+    """The runner's step, event by event, with ranks on one device splitting its core evenly: rollout rank r
+    generates chunks r, r + W_r, ... in turn; reward rank w scores chunks w, w + W_w, ... in turn, each once it is
+    generated; actor rank a trains once its block of chunks is scored. A message from a rank on another device
+    reaches its receiver `hop` later (a wait, no core). Returns when the last actor rank ends."""
+    K = layout.stages
+    wr, ww, wa = len(layout.rollout), len(layout.reward), len(layout.actor)
+    ranks = ([(d, [((), G, ("gen", c)) for c in range(r, K, wr)]) for r, d in enumerate(layout.rollout)]
+             + [(d, [((("gen", c),), R, ("scored", c)) for c in range(w, K, ww)]) for w, d in enumerate(layout.reward)]
+             + [(d, [(tuple(("scored", c) for c in range(a * K // wa, (a + 1) * K // wa)), A, ("done", a))])
+                for a, d in enumerate(layout.actor)])
+    device_of = {("gen", c): layout.rollout[c % wr] for c in range(K)} | {
+        ("scored", c): layout.reward[c % ww] for c in range(K)}
+    done, t = {}, 0.0
+    state = [{"task": 0, "phase": "wait", "until": 0.0, "left": 0.0} for _ in ranks]
+    while True:
+        moved = True
+        while moved:  # every transition possible at time t
+            moved = False
+            for i, ((_, tasks), st) in enumerate(zip(ranks, state, strict=True)):
+                if st["task"] == len(tasks):
+                    continue
+                deps, work, event = tasks[st["task"]]
+                if st["phase"] == "wait" and all(e in done for e in deps):
+                    arrive = [done[e] + hop * (device_of[e] != ranks[i][0]) for e in deps]
+                    st["phase"], st["until"], moved = "hop", max([t, *arrive]), True
+                elif st["phase"] == "hop" and st["until"] <= t + 1e-12:
+                    st["phase"], st["left"], moved = "compute", work, True
+                elif st["phase"] == "compute" and st["left"] <= 1e-12:
+                    done[event], st["task"], st["phase"], moved = t, st["task"] + 1, "wait", True
+        if all(st["task"] == len(tasks) for (_, tasks), st in zip(ranks, state, strict=True)):
+            return max(done[("done", a)] for a in range(wa))
+        computing = [(d, st) for (d, tasks), st in zip(ranks, state, strict=True)
+                     if st["task"] < len(tasks) and st["phase"] == "compute"]
+        share = {d: sum(1 for dd, _ in computing if dd == d) for d, _ in computing}
+        waits = [st["until"] - t for (_, tasks), st in zip(ranks, state, strict=True)
+                 if st["task"] < len(tasks) and st["phase"] == "hop"]
+        dt = min(waits + [st["left"] * share[d] for d, st in computing])
+        for d, st in computing:
+            st["left"] -= dt / share[d]
+        t += dt
+
+
+@pytest.mark.parametrize("num_devices", [2, 3])
+def test_reasoning_formula_against_an_event_simulation(num_devices):
+    """Exact where no device holds two components; a lower bound elsewhere, within 35 % of the simulation for
+    reward costs up to a fifth of the generation's."""
+    work = ReasoningWorkload(8, 8)
+    exact = shared = 0
+    for lay in candidate_layouts(num_devices, work, 8):
+        if lay.stages % len(lay.actor):
+            continue
+        b, m = work.responses // lay.stages, work.responses // len(lay.actor)
+        one_component = all(sum(r.count(d) for r in (lay.rollout, lay.reward, lay.actor)) == 1
+                            for d in range(num_devices))
+        for G, R, A, hop in itertools.product([0.1, 1.0], [0.0, 0.02, 0.2], [0.1, 3.0], [0.0, 0.05]):
+            costs = ReasoningCosts(Affine.of({b: G}), Affine.of({b: R * G}), Affine.of({m: A}), hop_s=hop)
+            predicted = predict_reasoning(lay, costs, work).step_s
+            simulated = simulate_reasoning_step(lay, G, R * G, A, hop)
+            if one_component:
+                assert predicted == pytest.approx(simulated, rel=1e-9), (lay, G, R, A, hop)
+                exact += 1
+            else:
+                assert predicted <= simulated * (1 + 1e-9) and simulated <= predicted * 1.35, (lay, G, R, A, hop)
+                shared += 1
+    assert shared and (exact or num_devices < 3)  # 3 components need 3 devices to have one each
+
+
+def _math(num_devices: int, *extra: str):
+    return load_config(["--config", MATH, f"cluster.num_devices={num_devices}", "actor.micro_batch_size=32", *extra])
+
+
+REASONING_REGIMES = {  # G(b), R(b), A(m): generation-bound, actor-bound, reward-heavy (a slow verifier)
+    "generation": (Affine.of({8: 0.05, 128: 0.6}), Affine.of({8: 0.001, 128: 0.01}), Affine.of({32: 0.05, 128: 0.2})),
+    "actor": (Affine.of({8: 0.01, 128: 0.1}), Affine.of({8: 0.001, 128: 0.01}), Affine.of({32: 0.2, 128: 0.8})),
+    "reward": (Affine.of({8: 0.02, 128: 0.2}), Affine.of({8: 0.02, 128: 0.3}), Affine.of({32: 0.05, 128: 0.2})),
+}
+
+
+@pytest.mark.parametrize("regime", sorted(REASONING_REGIMES))
+@pytest.mark.parametrize("num_devices", [2, 3])
+def test_reasoning_search_finds_the_brute_force_best(regime, num_devices):
+    cfg = _math(num_devices)
+    work = reasoning.workload(cfg)
+    costs = ReasoningCosts(*REASONING_REGIMES[regime], hop_s=0.001, sync_s=0.002, fixed_s=0.003)
+    ranked = rank(reasoning.screen(cfg, num_devices, 4, MATH), costs, work, BIG,
+                  predictor=reasoning.predict_reasoning)
+    valid = []  # every contiguous device range for each component, one rank per device, every chunk count: the rules
+    for ranks in itertools.product(_ranges(num_devices), repeat=3):
+        for k in work.chunk_counts(4):
+            lay = ReasoningLayout(*ranks, stages=k, prompts_per_chunk=work.prompts // k)
+            try:
+                reasoning.check_reasoning_plan(reasoning.layout_config(cfg, lay), MATH)
+            except ConfigError:
+                continue
+            valid.append(reasoning.predict_reasoning(lay, costs, work).step_s)
+    assert ranked[0].prediction.step_s == pytest.approx(min(valid), rel=1e-9)
+    steps = [r.prediction.step_s for r in ranked if not r.refusal]
+    assert steps == sorted(steps)
+
+
+def test_reasoning_refusals_are_named():
+    cfg = load_config(["--config", MATH])  # actor.micro_batch_size 128 = global_batch_size: one actor rank
+    work = reasoning.workload(cfg)
+    costs = ReasoningCosts(*REASONING_REGIMES["generation"], process_bytes=2**28, weight_bytes=2**20, sample_bytes=64)
+    rows = rank(reasoning.screen(cfg, 2, 4, MATH), costs, work, BIG, predictor=reasoning.predict_reasoning)
+    refused = {(r.layout.describe(), r.layout.stages): r.refusal for r in rows if r.refusal}
+    assert refused[("rollout,reward,actor: all", 1)].startswith(
+        "refused: algorithm.rollout_batch_size_per_gpu:")  # 1 chunk over 2 actor ranks
+    assert refused[("rollout,reward,actor: all", 2)].startswith("refused: actor.global_batch_size:")  # 128 x 2
+    assert all(len(r.layout.actor) == 2 for r in rows if r.refusal)
+    assert all(not r.refusal for r in rows if len(r.layout.actor) == 1)
+    # memory: a limit between the busiest device of the 3-process hybrid and of a 2-process disaggregated layout
+    peak = {r.layout.describe(): max(r.prediction.memory_bytes.values()) for r in rows if not r.refusal}
+    hybrid, split = peak["rollout,reward: all | actor: 0"], peak["rollout,reward: 0 | actor: 1"]
+    assert hybrid > split
+    again = rank(reasoning.screen(cfg, 2, 4, MATH), costs, work, (hybrid + split) // 2,
+                 predictor=reasoning.predict_reasoning)
+    by = {(r.layout.describe(), r.layout.stages): r for r in again}
+    assert by[("rollout,reward: all | actor: 0", 4)].refusal.startswith("refused: memory: device ")
+    assert not by[("rollout,reward: 0 | actor: 1", 4)].refusal
+
+
+def test_reasoning_profile_data_overlay_loads_and_explain_says_the_pick(tmp_path, capsys):
+    cfg = load_config(["--config", MATH, *MATH_PROFILE])
+    result = autotune(cfg, MATH, progress=False)
+    assert not result.profiled
+    chunks = cfg.data.rollout_batch_size // cfg.algorithm.rollout_batch_size_per_gpu
+    b = result.work.responses // chunks  # RLinf's rollout_cost: the step's generation on both devices
+    assert result.costs.generate(b) == pytest.approx(0.1 * 2 / chunks)
+    assert result.costs.actor(result.work.responses // 2) == pytest.approx(0.24)  # actor_cost + inference_cost
+    assert result.current in result.rows and not result.current.refusal  # math.yaml's layout, or its mirror image
+    best = result.best.layout
+    path = tmp_path / "best.yaml"
+    write_overlay(best, path, "test")
+    loaded = load_config(["--config", MATH, *MATH_PROFILE, "--config", str(path)])
+    assert loaded.cluster.component_placement == best.placement()
+    assert loaded.algorithm.rollout_batch_size_per_gpu == best.prompts_per_chunk
+    assert dataclasses.replace(loaded, cluster=cfg.cluster, algorithm=cfg.algorithm) == cfg
+    with_kv = load_config(["--config", MATH, *overrides(best)])
+    assert (with_kv.cluster.component_placement, with_kv.algorithm.rollout_batch_size_per_gpu) == (
+        best.placement(), best.prompts_per_chunk)
+    text, error = explain(loaded, f"{MATH} + {path}", num_gpus=0)
+    assert error is None and "autotune (profile_data): this placement and depth are its pick" in text
+    if result.current is not result.best:
+        assert "not its pick; the pick is " + best.describe() in explain(cfg, MATH, num_gpus=0)[0]
+    assert "autotune" not in explain(load_config(["--config", MATH]), MATH, num_gpus=0)[0]
+    out = tmp_path / "cli.yaml"
+    assert main(["--config", MATH, *MATH_PROFILE, "--out", str(out), "--no-progress-bar"]) == 0
+    printed = capsys.readouterr().out
+    assert "G(b), one chunk's generation" in printed and "<- your config" in printed
+    assert "algorithm.rollout_batch_size_per_gpu=" in printed and out.exists()
+
+
+@pytest.mark.parametrize("argv,key", [
+    (["profile_data.rollout_cost=0.1"], "profile_data.actor_cost"),  # some costs given, not all
+    (["profile_data.rollout_profile_data={0: 1.0}", "profile_data.actor_cost=0.1"],
+     "profile_data.rollout_profile_data.0"),
+    (["data.rollout_batch_size=12"], "actor.global_batch_size"),  # the config itself fails a run's checks
+])
+def test_reasoning_bad_input_is_one_line(argv, key, capsys):
+    assert main(["--config", MATH, *argv, "--no-progress-bar"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and key in err, err

@@ -211,9 +211,28 @@ assert code == 0 and "autotune (profile_data): not its pick" in plan
 assert not multiprocessing.active_children()
 
 # %% [markdown]
+# The reasoning half is the same command on a reasoning config (`python -m rlinf_mini.autotune --config
+# configs/math.yaml`, under a minute on 2 cores): it times one chunk's generation against the chunk's size, its
+# reward and the actor's update with the workers' own code (`rlinf_mini/autotune/reasoning.py`, whose docstring
+# holds the formula), and ranks the cuts of rollout -> reward -> actor with every chunk count ("stages": the
+# rollout scores chunk c while it generates c + 1; the actor waits for all its chunks). RLinf's reasoning keys
+# (`rollout_cost`, `actor_cost`, `inference_cost`: seconds of a step on all devices) skip the timing:
+
+# %%
+MATH_PROFILE = ["profile_data.rollout_cost=0.05", "profile_data.actor_cost=0.1", "profile_data.inference_cost=0.02",
+                "profile_data.hop_s=0.01", "profile_data.fixed_s=0.002"]
+math = autotune(load_config(["--config", str(ROOT / "configs/math.yaml"), *MATH_PROFILE]), "configs/math.yaml",
+                progress=False)
+print(table(math))
+# micro_batch_size = global_batch_size = 128: one actor rank, so every layout with two is refused, by name
+assert all(len(r.layout.actor) == 2 and "refused: " in r.refusal for r in math.rows if r.refusal)
+assert all(len(r.layout.actor) == 1 for r in math.rows if not r.refusal)
+
+# %% [markdown]
 # Predictions against measurement: `python -m benchmarks.autotune_check` measures every candidate with the real
-# runner in four regimes (env-bound, policy-bound, balanced, MetaWorld); where it has run, its env-bound grid is
-# printed here, measured beside predicted (nothing is asserted about it: it depends on the machine's load).
+# runner in five regimes (env-bound, policy-bound, balanced, MetaWorld, and the reasoning math config); where it has
+# run, its env-bound and math grids are printed here, measured beside predicted (nothing is asserted about them:
+# they depend on the machine's load).
 
 # %%
 import json
@@ -221,7 +240,8 @@ import json
 check = ROOT / "benchmarks/autotune_check.json"
 if check.exists():
     for regime in json.loads(check.read_text())["regimes"]:
-        if regime["regime"] == "env-bound":
+        if regime["regime"] in ("env-bound", "math"):
+            print(regime["regime"])
             for g in regime["grid"]:
                 print(f"{g['placement']} stages {g['stages']}: predicted {g['predicted_step_s']:.3f} s, "
                       f"measured {g['measured_step_s']:.3f} s")

@@ -5,7 +5,8 @@
 profile.py measures each component with short real runs (or reads RLinf's `profile_data`), model.py turns the costs
 into a predicted step time (the formula and its assumptions are in its docstring), search.py builds RLinf's layouts,
 refuses those its rules or the run's own checks reject, and ranks the rest; __main__.py prints and writes.
-Embodied configs only: the reasoning half (generation, reward, update) is not built.
+reasoning.py is the reasoning half (rollout -> reward -> actor: generation, reward and update measured, its own
+formula and layouts; the search's ranking and the printing are shared).
 
 RLinf counterpart: `toolkits/auto_placement/` (auto_placement_worker.py's cut search, node.py's costs, fitter.py).
 """

@@ -3,11 +3,14 @@
     python -m rlinf_mini.autotune --config configs/embodied_mlp.yaml                 # ~1 minute on 2 cores
     python -m rlinf_mini.autotune --config configs/metaworld_reach.yaml --out best.yaml
     python -m rlinf_mini.train --config configs/metaworld_reach.yaml --config best.yaml   # train with the pick
+    python -m rlinf_mini.autotune --config configs/math.yaml      # reasoning: rollout -> reward -> actor
 
 Options: --out FILE (the overlay; default <log_path>/autotune/<config>.yaml), --max-stages K (pipeline stages tried:
-1..K, default 4), --memory-gb G (per device; default the GPU's memory, or RAM / num_devices), --reps R (measured
-calls per cost). The rest of the command line is the train command's (--config, key=value, --section.key value).
-A config with `profile_data` (RLinf's keys) is not profiled.
+1..K, default 4; reasoning: the chunk counts up to K that divide data.rollout_batch_size), --memory-gb G (per
+device; default the GPU's memory, or RAM / num_devices), --reps R (measured calls per cost). The rest of the
+command line is the train command's (--config, key=value, --section.key value). A config with `profile_data`
+(RLinf's keys: env/rollout profile data and actor_cost; reasoning: rollout_cost, actor_cost, inference_cost) is
+not profiled.
 """
 
 from __future__ import annotations
@@ -62,8 +65,7 @@ def autotune(cfg: TrainConfig, source: str, max_stages: int = 4, memory_bytes: i
     from rlinf_mini.explain import check_plan, num_devices
 
     if cfg.runner.task_type == "reasoning":
-        raise ConfigError(f"{source}: runner.task_type: reasoning: the reasoning autotune (generation, reward, "
-                          "update) is not built; it tunes embodied configs only")
+        return autotune_reasoning(cfg, source, max_stages, memory_bytes, reps, progress)
     check_plan(cfg, source)  # the config itself must be one a run accepts (its placement is compared below)
     D, work = num_devices(cfg), workload(cfg)
     memory_bytes = memory_bytes or default_memory_bytes(D)
@@ -94,11 +96,51 @@ def autotune(cfg: TrainConfig, source: str, max_stages: int = 4, memory_bytes: i
     return Result(ranked, costs, work, current, profiled)
 
 
-def _hop_slope(layout: Layout, costs: Costs, work: Workload) -> float:
+def autotune_reasoning(cfg: TrainConfig, source: str, max_stages: int, memory_bytes: int | None, reps: int,
+                       progress: bool) -> Result:
+    """The reasoning half (autotune/reasoning.py): the same steps on rollout -> reward -> actor; `stages` is the
+    number of chunks a step's prompts are cut into (max_stages: the most tried)."""
+    from tqdm import tqdm
+
+    from rlinf_mini.autotune import reasoning as r
+    from rlinf_mini.explain import num_devices
+
+    r.check_reasoning_plan(cfg, source)
+    D, work = num_devices(cfg), r.workload(cfg)
+    memory_bytes = memory_bytes or default_memory_bytes(D)
+    rows = r.screen(cfg, D, max_stages, source)
+    valid = [row.layout for row in rows if not row.refusal]
+    if not valid:
+        raise ConfigError(f"{source}: cluster.num_devices: no layout of {D} device(s) passes the checks; the first "
+                          f"refusal: {rows[0].refusal}")
+    costs = r.given_costs(cfg, D, source)
+    profiled = costs is None
+    if profiled:
+        chunk_sizes, actor_sizes = r.needed_sizes(valid, work)
+        with tqdm(total=len(chunk_sizes) + len(actor_sizes) + 1, desc="autotune: profiling", file=sys.stderr,
+                  disable=not progress, leave=False) as bar:
+            costs = r.profile(cfg, source, chunk_sizes, actor_sizes, reps, bar)
+            slope = {lay: _hop_slope(lay, costs, work, r.predict_reasoning) for lay in valid}
+            # the layouts leaning least and most on hop, and the one the uncalibrated costs favour (it is measured
+            # before it can win on a hop of 0)
+            favoured = min(valid, key=lambda lay: r.predict_reasoning(lay, costs, work).step_s)
+            chosen = list(dict.fromkeys([min(valid, key=slope.get), max(valid, key=slope.get), favoured]))
+            bar.set_description("autotune: calibrating on the runner")
+            costs = r.calibrate(cfg, costs, work, chosen, source, reps=3)
+            bar.update(1)
+    ranked = rank(rows, costs, work, memory_bytes, predictor=r.predict_reasoning)
+    mine = r.layout_of(cfg, D)
+    current = next((row for row in ranked if row.layout.key() == mine.key()), None)
+    if current is None:  # a layout outside the search (several ranks per device, a chunk count past max_stages)
+        current = Row(mine, r.predict_reasoning(mine, costs, work))
+    return Result(ranked, costs, work, current, profiled)
+
+
+def _hop_slope(layout: Layout, costs: Costs, work: Workload, predictor=predict) -> float:
     import dataclasses
 
-    return (predict(layout, dataclasses.replace(costs, hop_s=1e-3), work).step_s
-            - predict(layout, dataclasses.replace(costs, hop_s=0.0), work).step_s)
+    return (predictor(layout, dataclasses.replace(costs, hop_s=1e-3), work).step_s
+            - predictor(layout, dataclasses.replace(costs, hop_s=0.0), work).step_s)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -111,14 +153,27 @@ def _fit_text(name: str, fit, unit: str) -> str:
     return f"  {name} = {a * 1e3:.3g} ms + {b * 1e3:.3g} ms x {unit}   (measured ms at {at})"
 
 
+def _cost_lines(result: Result) -> list[str]:
+    from rlinf_mini.autotune.reasoning import ReasoningCosts
+
+    c, w = result.costs, result.work
+    if isinstance(c, ReasoningCosts):
+        return [_fit_text("G(b), one chunk's generation", c.generate, "responses"),
+                _fit_text("R(b), one chunk's reward", c.reward, "responses"),
+                _fit_text("A(m), one step's actor work", c.actor, "responses per rank"),
+                f"  hop {c.hop_s * 1e3:.3g} ms per message, sync {c.sync_s * 1e3:.3g} ms per rollout rank, fixed "
+                f"{c.fixed_s * 1e3:.3g} ms per step",
+                f"workload: {w.prompts} prompts x {w.group} responses; stages = chunks a step (rollout -> reward "
+                "pipelined chunk by chunk; the actor starts when its chunks are scored)"]
+    return [_fit_text("E(n), one chunk step", c.env, "sub-envs"), _fit_text("P(n), one inference", c.policy, "batch"),
+            _fit_text("A(m), one step's update", c.actor, "samples per rank"),
+            f"  hop {c.hop_s * 1e3:.3g} ms per message, fixed {c.fixed_s * 1e3:.3g} ms per step",
+            f"workload: {w.num_envs} sub-envs x {w.chunk_steps} chunk steps x {w.rollout_epochs} rollout epoch(s)"]
+
+
 def table(result: Result) -> str:
-    c = result.costs
     lines = [f"costs ({'profiled on this machine' if result.profiled else 'from profile_data'}):",
-             _fit_text("E(n), one chunk step", c.env, "sub-envs"), _fit_text("P(n), one inference", c.policy, "batch"),
-             _fit_text("A(m), one step's update", c.actor, "samples per rank"),
-             f"  hop {c.hop_s * 1e3:.3g} ms per message, fixed {c.fixed_s * 1e3:.3g} ms per step",
-             f"workload: {result.work.num_envs} sub-envs x {result.work.chunk_steps} chunk steps x "
-             f"{result.work.rollout_epochs} rollout epoch(s)", ""]
+             *_cost_lines(result), ""]
     head = f"{'#':>2}  {'placement':44} {'stages':>6} {'step s':>8} {'rollout s':>9} {'update s':>8} {'bubble':>6}  " \
            f"peak MiB per device"
     lines += [head, "-" * len(head)]
@@ -135,15 +190,24 @@ def table(result: Result) -> str:
     return "\n".join(lines)
 
 
+def _depth(layout) -> tuple[str, str, int]:
+    """(section, key, value) of the layout's depth: the embodied pipeline's stages, or the reasoning chunk size."""
+    if hasattr(layout, "prompts_per_chunk"):
+        return "algorithm", "rollout_batch_size_per_gpu", layout.prompts_per_chunk
+    return "rollout", "pipeline_stage_num", layout.stages
+
+
 def overlay(layout: Layout) -> dict:
     """The YAML overlay for `layout`: the whole placement (it replaces the config's) and the pipeline depth."""
-    return {"cluster": {"component_placement": layout.placement()}, "rollout": {"pipeline_stage_num": layout.stages}}
+    section, key, value = _depth(layout)
+    return {"cluster": {"component_placement": layout.placement()}, section: {key: value}}
 
 
 def overrides(layout: Layout) -> list[str]:
     """The same as key=value arguments (quoted keys: a ',' in a flow mapping's key would split it)."""
     flow = ", ".join(f'"{k}": {v}' for k, v in layout.placement().items())
-    return [f"cluster.component_placement={{{flow}}}", f"rollout.pipeline_stage_num={layout.stages}"]
+    section, key, value = _depth(layout)
+    return [f"cluster.component_placement={{{flow}}}", f"{section}.{key}={value}"]
 
 
 def write_overlay(layout: Layout, path: Path, header: str) -> None:

@@ -101,15 +101,20 @@ class Layout:
     kind: str = ""  # collocated / hybrid / disaggregated, as the search built it
 
     def placement(self) -> dict[str, str]:
-        """cluster.component_placement: components on the same devices share one key ('env,rollout,actor')."""
-        groups: dict[tuple[int, ...], list[str]] = {}
-        for name in COMPONENTS:
-            groups.setdefault(getattr(self, name), []).append(name)
-        num_devices = 1 + max(max(self.env), max(self.rollout), max(self.actor))
-        return {",".join(names): _device_text(devices, num_devices) for devices, names in groups.items()}
+        return placement_text({name: getattr(self, name) for name in COMPONENTS})
 
     def describe(self) -> str:
         return " | ".join(f"{k}: {v}" for k, v in self.placement().items())
+
+
+def placement_text(ranks: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """cluster.component_placement of {component: the device of each rank}: components on the same devices share one
+    key ('env,rollout,actor')."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name, devices in ranks.items():
+        groups.setdefault(devices, []).append(name)
+    num_devices = 1 + max(max(devices) for devices in ranks.values())
+    return {",".join(names): _device_text(devices, num_devices) for devices, names in groups.items()}
 
 
 def _device_text(devices: tuple[int, ...], num_devices: int) -> str:

@@ -187,36 +187,41 @@ def quiet_config(cfg: TrainConfig, log_path: str, tag: str) -> TrainConfig:
     from rlinf_mini.explain import num_devices
     from stages.placement import HybridComponentPlacement
 
+    runner = dataclasses.replace(cfg.runner, progress_bar=False, trace=False, log_interval=1000, val_check_interval=-1,
+                                 save_interval=-1, logger=dataclasses.replace(cfg.runner.logger, log_path=log_path,
+                                                                              experiment_name=tag, logger_backends=[]))
+    cfg = dataclasses.replace(cfg, runner=runner, rollout=dataclasses.replace(cfg.rollout, group_name=f"Rollout{tag}"),
+                              actor=dataclasses.replace(cfg.actor, group_name=f"Actor{tag}"))
+    if cfg.runner.task_type == "reasoning":
+        return dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, group_name=f"Reward{tag}"))
     # the eval envs are built but never stepped here: one per env rank and stage (MetaWorld's 52 take a minute)
     env_ranks = HybridComponentPlacement(cfg.cluster.component_placement, num_devices(cfg)).get_world_size("env")
     eval_envs = env_ranks * cfg.rollout.pipeline_stage_num * cfg.env.eval.group_size
     env = dataclasses.replace(cfg.env, group_name=f"Env{tag}",
                               eval=dataclasses.replace(cfg.env.eval, total_num_envs=eval_envs))
-    runner = dataclasses.replace(cfg.runner, progress_bar=False, trace=False, log_interval=1000, val_check_interval=-1,
-                                 save_interval=-1, logger=dataclasses.replace(cfg.runner.logger, log_path=log_path,
-                                                                              experiment_name=tag, logger_backends=[]))
-    return dataclasses.replace(cfg, runner=runner, env=env,
-                               rollout=dataclasses.replace(cfg.rollout, group_name=f"Rollout{tag}"),
-                               actor=dataclasses.replace(cfg.actor, group_name=f"Actor{tag}"))
+    return dataclasses.replace(cfg, env=env)
 
 
-def measure_steps(cfgs: dict[str, TrainConfig], reps: int, source: str) -> dict[str, dict[str, float]]:
-    """Each config's median {"generate_s", "step_s", "train_s"} (the runner's timers) over
-    `reps` training steps after one warm-up step; every config's runner in one cluster, the configs in turn within a
-    round (a busy machine slows each alike). No eval, no checkpoint."""
+def measure_steps(cfgs: dict[str, TrainConfig], reps: int, source: str, rounds: bool = False) -> dict:
+    """Each config's median of every time/ metric (the runner's timers: time/step, time/generate_rollouts, ...) over
+    `reps` training steps after one warm-up step (with `rounds`: the list of each round's instead); every config's
+    runner in one cluster, the configs in turn within a round (a busy machine slows each alike). No eval, no
+    checkpoint. Embodied or reasoning configs, not both."""
     from rlinf_mini.scheduler.cluster import Cluster
-    from rlinf_mini.train import RunPlan, launch
+    from rlinf_mini.train import ReasoningRunPlan, RunPlan, launch, launch_reasoning
 
     times: dict[str, list[dict[str, float]]] = {tag: [] for tag in cfgs}
     with tempfile.TemporaryDirectory(prefix="autotune_") as log_path:
         quiet = {tag: quiet_config(cfg, log_path, tag) for tag, cfg in cfgs.items()}
-        cluster = Cluster(next(iter(quiet.values())).cluster)
+        reasoning = next(iter(quiet.values())).runner.task_type == "reasoning"
+        plans = {tag: (ReasoningRunPlan if reasoning else RunPlan)(c, source) for tag, c in quiet.items()}
+        first = next(iter(plans.values()))
+        cluster = Cluster(next(iter(quiet.values())).cluster, preload=first.preload)
         try:
             runners = {}
             for tag, c in quiet.items():
-                plan = RunPlan(c, source)
-                plan.run_dir.mkdir(parents=True)  # what build_and_run makes before a run: metrics.jsonl goes there
-                runners[tag] = launch(c, plan, cluster)
+                plans[tag].run_dir.mkdir(parents=True)  # what build_and_run makes before a run: metrics.jsonl
+                runners[tag] = (launch_reasoning if reasoning else launch)(c, plans[tag], cluster)
             for runner in runners.values():
                 runner.init_workers()
             for rnd in range(reps + 1):
@@ -224,10 +229,11 @@ def measure_steps(cfgs: dict[str, TrainConfig], reps: int, source: str) -> dict[
                     runner.max_steps = runner.global_step + 1
                     last = runner.run()[-1]
                     if rnd > 0:
-                        times[tag].append({"generate_s": last["time/generate_rollouts"], "step_s": last["time/step"],
-                                           "train_s": last["time/actor_training"]})
+                        times[tag].append({k: v for k, v in last.items() if k.startswith("time/")})
         finally:
             cluster.shutdown()
+    if rounds:
+        return times
     return {tag: {k: statistics.median(t[k] for t in v) for k in v[0]} for tag, v in times.items()}
 
 
@@ -245,12 +251,13 @@ def calibrate(cfg: TrainConfig, costs: Costs, work: Workload, layouts: list[Layo
     for i, lay in enumerate(layouts):
         p0, p1 = predict(lay, base, work), predict(lay, dataclasses.replace(base, hop_s=delta), work)
         m = measured[f"cal{i}"]
-        residual.append(m["generate_s"] - p0.generate_s)
+        residual.append(m["time/generate_rollouts"] - p0.generate_s)
         slope.append((p1.generate_s - p0.generate_s) / delta)
-        actor[work.samples // len(lay.actor)] = m["train_s"]
+        actor[work.samples // len(lay.actor)] = m["time/actor_training"]
     # least squares on relative errors: each layout's rollout phase counts alike, whatever its length
-    w = [1 / m["generate_s"] ** 2 for m in measured.values()]
+    w = [1 / m["time/generate_rollouts"] ** 2 for m in measured.values()]
     hop = sum(wi * r * s for wi, r, s in zip(w, residual, slope, strict=True)) / sum(
         wi * s * s for wi, s in zip(w, slope, strict=True))
-    fixed = statistics.mean(m["step_s"] - m["generate_s"] - m["train_s"] for m in measured.values())
+    fixed = statistics.mean(m["time/step"] - m["time/generate_rollouts"] - m["time/actor_training"]
+                            for m in measured.values())
     return dataclasses.replace(costs, actor=Affine.of(actor), hop_s=max(hop, 0.0), fixed_s=max(fixed, 0.0))

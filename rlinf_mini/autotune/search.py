@@ -27,7 +27,7 @@ ACTOR_RULE = "refused: the embodied actor runs on all devices (RLinf's rule, too
 
 @dataclass
 class Row:
-    layout: Layout
+    layout: Layout  # or the reasoning half's ReasoningLayout
     prediction: Prediction | None = None
     refusal: str = ""  # empty: a candidate
 
@@ -78,13 +78,14 @@ def screen(cfg: TrainConfig, num_devices: int, max_stages: int, source: str) -> 
             for lay in candidate_layouts(num_devices, max_stages)]
 
 
-def rank(rows: list[Row], costs: Costs, work: Workload, memory_bytes: int) -> list[Row]:
-    """Predict every row that passed the rules, refuse those over the memory limit; candidates first, by predicted
-    step time (ties: fewer stages, then the search's order), then the refused rows."""
+def rank(rows: list[Row], costs: Costs, work: Workload, memory_bytes: int, predictor=predict) -> list[Row]:
+    """Predict every row that passed the rules (`predictor`: model.predict, or the reasoning half's), refuse those
+    over the memory limit; candidates first, by predicted step time (ties: fewer stages, then the search's order),
+    then the refused rows."""
     for row in rows:
         if row.refusal:
             continue
-        row.prediction = predict(row.layout, costs, work)
+        row.prediction = predictor(row.layout, costs, work)
         over = {d: b for d, b in row.prediction.memory_bytes.items() if b > memory_bytes}
         if over:
             d, b = max(over.items(), key=lambda item: item[1])

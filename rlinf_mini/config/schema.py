@@ -286,19 +286,21 @@ class ProfileDataConfig:
     env_profile_data: dict[str, float] = field(default_factory=dict)
     """Sub-envs per env rank -> seconds of one chunk step of them (RLinf's key; RLinf's unit is a rollout epoch)."""
     rollout_profile_data: dict[str, float] = field(default_factory=dict)
-    """Batch (sub-envs per call) -> seconds of one policy inference (RLinf's key)."""
+    """Batch (sub-envs per call) -> seconds of one inference (RLinf's key); reasoning: responses per chunk."""
     actor_cost: float = 0.0
     """RLinf's: seconds of the actor's update of one step's batch, actor on all devices; 0 = not given."""
     actor_profile_data: dict[str, float] = field(default_factory=dict)
-    """rlinf_mini: samples per actor rank -> seconds of one step's update; wins over actor_cost."""
+    """rlinf_mini: samples (reasoning: responses) per actor rank -> seconds of one update; wins over actor_cost."""
     hop_s: float = -1.0
     """rlinf_mini: seconds one channel message adds to a chunk step; -1 = calibrate with a short run."""
     fixed_s: float = -1.0
     """rlinf_mini: seconds a step spends outside rollout and update (sync, advantages, dispatch); -1 as hop_s."""
     rollout_cost: float = 0.0
-    """RLinf's reasoning key (generation seconds per step); read, unused: the reasoning autotune is not built."""
+    """RLinf's reasoning key: seconds of a step's generation with the rollout on all devices; 0 = not given. The
+    reasoning autotune reads it as one chunk's cost x chunks / devices (autotune/reasoning.py)."""
     inference_cost: float = 0.0
-    """RLinf's reasoning key (log-prob recompute seconds per step); read, unused, as rollout_cost."""
+    """RLinf's reasoning key: seconds of a step's log-prob recompute on all devices; the actor does the recompute
+    here, so the reasoning autotune adds it to actor_cost."""
 
 
 @dataclass

@@ -40,8 +40,9 @@ class ReasoningRunner(Runner):
         super().__init__(cfg, actor, rollout, (rollout, reward, actor), run_dir)
         self.reward = reward
         self.train_set, self.val_set = train_set, val_set
-        # one message per (channel, chunk key) per step
-        self.dataloader_channel = Channel.create("DataLoader", cluster, maxsize=1)
+        # one message per (channel, chunk key) per step; every name carries a group name (runners side by side in
+        # one cluster: the autotune's measurements)
+        self.dataloader_channel = Channel.create(f"{cfg.rollout.group_name}.DataLoader", cluster, maxsize=1)
         self.rollout_channel = Channel.create(f"{cfg.rollout.group_name}.Rollout", cluster, maxsize=1)
         self.reward_channel = Channel.create(f"{cfg.reward.group_name}.Reward", cluster, maxsize=1)
         self.scored_channel = Channel.create(f"{cfg.reward.group_name}.Scored", cluster, maxsize=1)  # to the driver
