@@ -41,6 +41,14 @@ class ClusterConfig:
     on 2 devices). A key may name several components ('env,rollout,actor')."""
     timeout_s: float = 120.0
     """rlinf_mini: the longest any blocking wait (a group call, a channel get) may take before it is an error."""
+    channel_wait: Literal["spin", "block"] = "spin"
+    """rlinf_mini, backend 'local': how a channel get (or a put on a full key) waits. 'spin': it retries for a moment
+    before it sleeps in poll(), so a message made on another core mostly arrives without a wake-up
+    (rlinf_mini/scheduler/spin_wait.py); 'block': it sleeps in poll() at once, the plain path. Same messages."""
+    rank_start: Literal["forkserver", "spawn"] = "forkserver"
+    """rlinf_mini, backend 'local': how a rank's process starts. 'forkserver': forked from a server that imported torch
+    and the run's modules once (rlinf_mini/scheduler/forkserver.py); 'spawn': a fresh interpreter per rank that
+    imports everything itself, the plain path (slower to start). Same results."""
     threads_per_device: int = 1
     """rlinf_mini: torch's intra-op threads (and OMP/MKL's) per device a rank holds, on every backend and node. A
     number from the config, never the node's core count: the count decides how a float sum is split, so the same
