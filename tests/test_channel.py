@@ -268,6 +268,5 @@ def test_a_wait_that_spins_or_blocks_gets_the_same_messages(monkeypatch, spin):
         producer.join(20)
     finally:
         server.close()
-        kernel_queues.close_transport_resources()
     assert [g["i"] for g in got] == list(range(40)) and all(torch.equal(g["t"], w["t"]) for g, w in zip(got, items))
     assert bool(spins) == spin  # the key decides whether a wait ever spins
