@@ -37,9 +37,9 @@ SIZES = {  # per mode: message counts, parameter counts, steps (runner: MLP and 
     "full": {"large": 400, "small": 5000, "rtt": 1000, "weights": [10_000_000, 100_000_000], "calls": 300,
              # pipeline: chunk steps per rollout, E = P, the stage_nums of each placement, an E = 2P set too
              "pipeline": (24, 0.040, {"hybrid": (1, 2, 4), "disaggregated": (1, 2, 4), "collocated": (1, 2, 4)},
-                          True), "runner": (60, 10)},
+                          True), "runner": (60, 20)},
     "quick": {"large": 200, "small": 2000, "rtt": 400, "weights": [10_000_000, 100_000_000], "calls": 200,
-              "pipeline": (12, 0.040, {"hybrid": (1, 2, 4)}, False), "runner": (20, 5)},
+              "pipeline": (12, 0.040, {"hybrid": (1, 2, 4)}, False), "runner": (20, 12)},
     "tiny": {"large": 8, "small": 50, "rtt": 20, "weights": [1_000_000], "calls": 5,
              "pipeline": (3, 0.002, {"hybrid": (1, 2)}, False), "runner": (2, 2)},
 }

@@ -389,9 +389,10 @@ def pipeline(n_steps: int, reps: int, out_dir: Path, sets: list[list]) -> list[R
 LOOP_REPS = 5  # timed passes of the plain loop per round (their median)
 
 
-def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float:
+def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1, bootstrap: bool = True) -> float:
     """One process, one thread: the same envs, the same policy, the same noise, env.chunk_step after each
-    predict_action_batch: what the rollout phase would cost with no runtime at all.
+    predict_action_batch, and (`bootstrap`, as the rollout does under algorithm.bootstrap_type) predict_values of the
+    final obs a chunk step kept: what the rollout phase would cost with no runtime at all.
 
     batches: the envs split into this many vector envs of consecutive ids, stepped one after the other. With the
     runner's split (env ranks x pipeline stages) the loop makes exactly the runner's calls, so the ratio is the
@@ -402,6 +403,7 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
     from rlinf_mini.models import build_policy
     from rlinf_mini.train import RunPlan
     from rlinf_mini.utils.seeding import counter_uniform
+    from stages.rollout import final_obs_of
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench_loop_") as log_path:
@@ -415,6 +417,8 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
         envs = [make_env(train, torch.arange(b * n, (b + 1) * n), chunks, key="env.train") for b in range(batches)]
         policy = build_policy(cfg.actor.model, spec.obs_dim, spec.action_dim, spec.discrete,
                               image_shape=spec.image_shape).eval()
+    for env in envs:
+        env.final_obs_of = final_obs_of(cfg) if bootstrap else "none"
     obs = [env.reset() for env in envs]
 
     def loop_seconds(steps: int) -> float:
@@ -425,6 +429,8 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1) -> float
                     noise = counter_uniform(cfg.actor.seed, env.env_ids, t, policy.noise_width)
                     out = policy.predict_action_batch(policy.prepare_inputs(obs[b]), noise)
                     obs[b], *_ = env.chunk_step(out["actions"])
+                    if env.final_obs is not None:
+                        policy.predict_values(policy.prepare_inputs(env.final_obs[1]))
         return time.perf_counter() - start
 
     # as the runner's figure: a warm-up (first calls allocate), then the median of repetitions (one pass of a few ms
@@ -453,7 +459,7 @@ def runner_and_tracing(steps: int, config: str, reps: int = 1) -> list[Row]:
             for rnd in range(reps + 1):  # round 0: one warm-up step
                 on, off, gen, gen_on = [], [], [], []
                 for i in range(1 if rnd == 0 else 2 * per_round):
-                    trace = i % 2 == 1
+                    trace = (i % 2 == 1) != (i // 2 % 2 == 1)  # pairs off-on, on-off, ...: a drift cancels
                     cfg.runner.trace = trace
                     tracer.enable(trace)
                     for g in (runner.env, runner.rollout, runner.actor):
@@ -469,9 +475,13 @@ def runner_and_tracing(steps: int, config: str, reps: int = 1) -> list[Row]:
                     continue
                 same_calls = plain_loop_steps_per_s(config, loop_steps, batches)
                 one_batch = plain_loop_steps_per_s(config, loop_steps, 1) if batches > 1 else same_calls
+                no_bootstrap = plain_loop_steps_per_s(config, loop_steps, batches, bootstrap=False)
+                # each pair's on / off, its median: a step's time moves from step to step (the actor's update)
                 rounds.append({"gen": statistics.median(gen), "gen_on": statistics.median(gen_on),
                                "on": statistics.median(on), "off": statistics.median(off),
-                               "same_calls": same_calls, "one_batch": one_batch})
+                               "pairs": statistics.median(a / b for a, b in zip(on, off, strict=True)),
+                               "gen_pairs": statistics.median(a / b for a, b in zip(gen_on, gen, strict=True)),
+                               "same_calls": same_calls, "one_batch": one_batch, "no_bootstrap": no_bootstrap})
             spans_per_step = statistics.median(span_counts)
         finally:
             tracer.enable(False)
@@ -494,7 +504,9 @@ def runner_and_tracing(steps: int, config: str, reps: int = 1) -> list[Row]:
                          baseline_name=f"plain 1-process loop, same calls ({split})", ratio_of="ours/baseline",
                          target=">= 0.8")
     step_s_off = statistics.median(r["off"] for r in rounds)
-    same.note = f"whole step incl. training: {env_steps_per_step / step_s_off:.0f} env steps/s"
+    no_bootstrap = statistics.median(x / r["no_bootstrap"] for x, r in zip(rate, rounds, strict=True))
+    same.note = (f"whole step incl. training: {env_steps_per_step / step_s_off:.0f} env steps/s; against the loop "
+                 f"without the bootstrap values' calls: {no_bootstrap:.2f}")
     one = Row.from_reps(f"end to end ({label}): vs a loop over one batch", "steps/s",
                         [{"ours": x, "baseline": r["one_batch"], "ratio": x / r["one_batch"]}
                          for x, r in zip(rate, rounds, strict=True)],
@@ -502,12 +514,12 @@ def runner_and_tracing(steps: int, config: str, reps: int = 1) -> list[Row]:
                         ratio_of="ours/baseline")
     one.note = f"the {split} split alone: {same.baseline / one.baseline:.2f}x the one-batch loop's speed"
     tracing = Row.from_reps(f"tracing overhead ({label}): step time, trace on / off", "ms",
-                            [{"ours": r["on"] * 1e3, "baseline": r["off"] * 1e3, "ratio": r["on"] / r["off"]}
+                            [{"ours": r["on"] * 1e3, "baseline": r["off"] * 1e3, "ratio": r["pairs"]}
                              for r in rounds], baseline_name="trace off", ratio_of="on/off", target="<= 1.03")
-    gen_ratio = statistics.median(r["gen_on"] / r["gen"] for r in rounds)
-    tracing.note = (f"medians of {per_round} steps each per round; the rollout phase alone (most spans, least "
-                    f"noise): {gen_ratio:.3f}; estimate: {spans_per_step:.0f} spans/step x {span_s * 1e6:.2f} us = "
-                    f"{spans_per_step * span_s / step_s_off:.2%} of a step")
+    gen_ratio = statistics.median(r["gen_pairs"] for r in rounds)
+    tracing.note = (f"per round the median on/off of {per_round} adjacent pairs of steps; the rollout phase alone "
+                    f"(most spans, least noise): {gen_ratio:.3f}; estimate: {spans_per_step:.0f} spans/step x "
+                    f"{span_s * 1e6:.2f} us = {spans_per_step * span_s / step_s_off:.2%} of a step")
     return [same, one, tracing]
 
 

@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if cfg.cluster.backend == "local" and "torch" not in sys.modules:
+    if cfg.cluster.backend == "local" and cfg.cluster.rank_start == "forkserver" and "torch" not in sys.modules:
         # The local backend's fork server, forked from this process now, before anything computes: it shares this
         # process's imports instead of making its own (local.start_fork_server_here). OpenMP reads its wait policy
         # when torch loads, here, for the ranks too: passive, so that idle threads of ranks sharing cores sleep

@@ -68,6 +68,15 @@ def _stack_trajectory(tr: dict[str, list]) -> dict[str, torch.Tensor]:
     return {name: out[name] for name in TRAJECTORY_KEYS}
 
 
+def final_obs_of(cfg: TrainConfig) -> str:
+    """algorithm.bootstrap_type: which ended episodes gain gamma * V(final obs) on their last reward ('truncations',
+    'dones'); 'none' with no value head, no GAE or no auto-reset (nothing to bootstrap)."""
+    algo = cfg.algorithm
+    if not (cfg.env.train.auto_reset and algo.adv_type == "gae" and cfg.actor.model.add_value_head):
+        return "none"
+    return {"standard": "truncations", "always": "dones"}[algo.bootstrap_type]
+
+
 class EnvWorker(Worker):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
@@ -89,14 +98,8 @@ class EnvWorker(Worker):
         self.train_envs = self._make_stage_envs(self.cfg.env.train, "env.train")
         self.eval_envs = self._make_stage_envs(self.cfg.env.eval, "env.eval")
         self.last_obs = [env.reset() for env in self.train_envs]  # [B_stage, D] per stage
-        # algorithm.bootstrap_type: a truncated episode's last reward gets gamma * V(its final obs); the env keeps
-        # that obs, the rollout infers its value (with no value head or no auto-reset there is nothing to bootstrap)
-        algo = self.cfg.algorithm
-        bootstrap = (self.cfg.env.train.auto_reset and algo.adv_type == "gae"
-                     and self.cfg.actor.model.add_value_head)
-        for env in self.train_envs:
-            env.keep_final_obs({"standard": "truncations", "always": "dones"}[algo.bootstrap_type]
-                               if bootstrap else "none")
+        for env in self.train_envs:  # the env keeps the final obs of the episodes to bootstrap; the rollout infers
+            env.keep_final_obs(final_obs_of(self.cfg))  # their values
         # env.train.normalize_reward: one scaler per train stage; the trajectory holds the scaled rewards
         self.return_scalers = ([ReturnScaler(env.num_envs, self.cfg.algorithm.gamma) for env in self.train_envs]
                                if self.cfg.env.train.normalize_reward else None)
@@ -316,11 +319,10 @@ class RolloutWorker(Worker):
                                  "values": out["values"].float().cpu(), "version": self.receiver.version}
                         if "forward_inputs" in out and mode == "train":
                             reply["forward_inputs"] = tree_map(lambda t: t.cpu(), out["forward_inputs"])
-                        if "final_obs" in msg:  # episodes that ended by truncation: V(final obs) [B]
+                        if "final_obs" in msg:  # episodes that ended by truncation: V(final obs) [B], values only
                             with span("bootstrap_value", stage=k), autocast(self.cfg.rollout.model.precision,
                                                                             self.device):
-                                final = self.model.prepare_inputs(msg["final_obs"])
-                                values = self.model.predict_action_batch(final, None, mode="eval")["values"]
+                                values = self.model.predict_values(self.model.prepare_inputs(msg["final_obs"]))
                             reply["bootstrap_values"] = values.float().cpu()
                         env_channel.put(reply, key=key)
                         served += len(msg["env_ids"])

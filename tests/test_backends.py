@@ -93,11 +93,11 @@ def test_inline_runs_worker_methods_in_the_driver_so_a_breakpoint_stops_there(mo
     assert sorted(seen) == [(os.getpid(), "Debug:0", "stop_here", 10), (os.getpid(), "Debug:1", "stop_here", 11)]
 
 
-def _train(tmp_path, backend: str):
+def _train(tmp_path, backend: str, **cluster):
     """Two PPO steps of the MLP run with two actor ranks (an all-reduce) and two pipeline stages; returns the last
     step's trajectories (both actor ranks), the trained actor weights and every rollout rank's synced weights."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    path = write_config(tmp_path, cluster={"backend": backend},
+    path = write_config(tmp_path, cluster={"backend": backend, **cluster},
                         runner={"max_epochs": 2, "val_check_interval": -1, "save_interval": -1,
                                 "progress_bar": False, "logger": {"logger_backends": []}},
                         env={"train": {"total_num_envs": 16, "max_steps_per_rollout_epoch": 8}},
@@ -110,6 +110,10 @@ def _train(tmp_path, backend: str):
     try:
         runner = launch(cfg, plan, cluster)
         runner.init_workers()
+        if backend == "local":  # a spawned rank is the driver's child; a forked one the fork server's
+            parents = {int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+                       for g in runner.groups for pid in g.pids}
+            assert (parents == {os.getpid()}) == (cfg.cluster.rank_start == "spawn"), parents
         history = runner.run()
         runner.update_rollout_weights()
         return (history, runner.actor.get_rollout_batch().wait(), runner.actor.get_state_dict().wait(),
@@ -119,8 +123,17 @@ def _train(tmp_path, backend: str):
 
 
 def test_local_and_inline_train_bitwise_the_same(tmp_path):
-    local = _train(tmp_path / "local", "local")
-    inline = _train(tmp_path / "inline", "inline")
+    _assert_same_training(tmp_path, _train(tmp_path / "local", "local"), _train(tmp_path / "inline", "inline"))
+
+
+def test_the_local_backend_s_plain_paths_train_bitwise_the_same_as_its_fast_ones(tmp_path):
+    """cluster.rank_start 'spawn' (no fork server, no preloading) and cluster.channel_wait 'block' (no spin): the
+    plain paths, against the defaults."""
+    plain = _train(tmp_path / "plain", "local", rank_start="spawn", channel_wait="block")
+    _assert_same_training(tmp_path, _train(tmp_path / "fast", "local"), plain)
+
+
+def _assert_same_training(tmp_path, local, inline) -> None:
     for a, b in zip(local[1], inline[1], strict=True):  # trajectories and advantages, per actor rank
         assert a.keys() == b.keys()
         for k in a:

@@ -121,3 +121,19 @@ def test_bootstrapped_rewards_are_the_same_pipelined_or_not(tmp_path):
     two = collect(tmp_path, placement, 2, 2, train_steps=1, cluster=INLINE, **SHORT)[0][0][0]
     for key in ("rewards", "values", "dones"):
         assert torch.equal(one[key], two[key]), key
+
+
+def test_the_rollout_s_bootstrap_values_are_predict_action_batch_s_values():
+    """The rollout infers V(final obs) with predict_values (no action head, no sampling): bitwise the values
+    predict_action_batch returns for the same inputs, for both policies."""
+    from test_vla import _inputs, small_vla
+
+    from rlinf_mini.models import MLPPolicy
+
+    mlp = MLPPolicy(obs_dim=4, action_dim=2, discrete=False).eval()
+    vla = small_vla().eval()
+    obs = torch.randn(16, 4)
+    with torch.no_grad():
+        for policy, inputs in ((mlp, obs), (vla, _inputs(vla))):
+            want = policy.predict_action_batch(inputs, None, mode="eval")["values"]
+            assert want.abs().sum() > 0 and torch.equal(policy.predict_values(inputs), want)

@@ -17,7 +17,7 @@ from conftest import write_config
 from toy_workers import LENT_BATCH, EchoWorker, batch_pattern
 
 from rlinf_mini.config import ClusterConfig, load_config
-from rlinf_mini.scheduler import codec, kernel_queues
+from rlinf_mini.scheduler import codec, kernel_queues, spin_wait
 from rlinf_mini.scheduler.channel import Channel, ChannelClosed, ChannelTimeout, LentBufferError
 from rlinf_mini.scheduler.cluster import Cluster
 from rlinf_mini.scheduler.kernel_queues import ChannelServer, KernelQueues
@@ -213,9 +213,9 @@ def test_frames_drawn_in_shared_memory_train_bitwise_the_same_on_local_and_inlin
 
 
 def test_a_wait_spins_only_while_spinning_catches_the_message(monkeypatch):
-    """kernel_queues.py polls a would-block socket for up to SPIN_S before sleeping in poll(); after SPIN_MISSES spins
+    """spin_wait.py polls a would-block socket for up to SPIN_S before sleeping in poll(); after SPIN_MISSES spins
     in a row that caught nothing it stops spinning, tries once every SPIN_RETRY waits; a try that catches resumes it."""
-    monkeypatch.setattr(kernel_queues, "_spin", {"misses": 0, "skipped": 0})
+    monkeypatch.setattr(spin_wait, "_state", {"misses": 0, "skipped": 0})
     calls = []
 
     def after(n: int):
@@ -226,18 +226,47 @@ def test_a_wait_spins_only_while_spinning_catches_the_message(monkeypatch):
             return arg
         return op
 
-    assert kernel_queues._spin_for(after(3), b"msg") == b"msg" and len(calls) == 4  # caught within the spin
-    assert calls[0] & kernel_queues.socket.MSG_DONTWAIT  # never a blocking call
-    for _ in range(kernel_queues.SPIN_MISSES):  # the other side is slow: spins that catch nothing
+    assert spin_wait.spin_for(after(3), b"msg") == b"msg" and len(calls) == 4  # caught within the spin
+    assert calls[0] & spin_wait.socket.MSG_DONTWAIT  # never a blocking call
+    for _ in range(spin_wait.SPIN_MISSES):  # the other side is slow: spins that catch nothing
         calls.clear()
         start = time.perf_counter()
         with pytest.raises(BlockingIOError):
-            kernel_queues._spin_for(after(10**9), b"msg")
-        assert calls and time.perf_counter() - start >= kernel_queues.SPIN_S  # it polled for the whole spin
+            spin_wait.spin_for(after(10**9), b"msg")
+        assert calls and time.perf_counter() - start >= spin_wait.SPIN_S  # it polled for the whole spin
     calls.clear()
-    for _ in range(kernel_queues.SPIN_RETRY - 1):  # no more spinning: straight to poll()
+    for _ in range(spin_wait.SPIN_RETRY - 1):  # no more spinning: straight to poll()
         with pytest.raises(BlockingIOError):
-            kernel_queues._spin_for(after(0), b"msg")
+            spin_wait.spin_for(after(0), b"msg")
     assert calls == []
-    assert kernel_queues._spin_for(after(0), b"msg") == b"msg"  # the SPIN_RETRY-th wait tries, and catches...
-    assert kernel_queues._spin == {"misses": 0, "skipped": 0}  # ...so the next waits spin again
+    assert spin_wait.spin_for(after(0), b"msg") == b"msg"  # the SPIN_RETRY-th wait tries, and catches...
+    assert spin_wait._state == {"misses": 0, "skipped": 0}  # ...so the next waits spin again
+
+
+@pytest.mark.parametrize("spin", [True, False], ids=["spin", "block"])
+def test_a_wait_that_spins_or_blocks_gets_the_same_messages(monkeypatch, spin):
+    """cluster.channel_wait: 'block' (no spin_wait) is the plain path; 'spin' delivers the same messages in the same
+    order, whether the spin catches them or gives up and sleeps in poll()."""
+    monkeypatch.setattr(spin_wait, "_state", {"misses": 0, "skipped": 0})
+    spins = []
+    monkeypatch.setattr(kernel_queues, "spin_for", lambda op, arg: spins.append(1) or spin_wait.spin_for(op, arg))
+    server = ChannelServer()
+    try:
+        server.create("waits", 2)
+        ch = Channel("waits", KernelQueues("waits", server.address, server.authkey, 20.0, spin=spin), 20.0)
+        items = [{"i": i, "t": torch.full((3,), float(i))} for i in range(40)]
+
+        def produce() -> None:
+            for i, item in enumerate(items):
+                if i % 4 == 0:
+                    time.sleep(0.001)  # a slow producer now and then: the consumer's waits spin, or sleep
+                ch.put(item, key="k")
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        got = [ch.get(key="k", timeout=20) for _ in items]
+        producer.join(20)
+    finally:
+        server.close()
+    assert [g["i"] for g in got] == list(range(40)) and all(torch.equal(g["t"], w["t"]) for g, w in zip(got, items))
+    assert bool(spins) == spin  # the key decides whether a wait ever spins

@@ -187,7 +187,7 @@ for t in range(T):
     if env.final_obs is not None:  # (ended [16], observations whose ended rows are the final ones)
         ended, final_obs = env.final_obs
         with torch.no_grad():
-            values = policy.predict_action_batch(final_obs, None, mode="eval")["values"]
+            values = policy.predict_values(final_obs)
         want = want + torch.where(ended, cfg2.algorithm.gamma * values, 0.0)
     torch.testing.assert_close(traj["rewards"][t], want, rtol=0, atol=1e-6)
     assert torch.equal(traj["dones"][t], (terminations | truncations).any(dim=1))

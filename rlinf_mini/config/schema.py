@@ -32,6 +32,14 @@ class ClusterConfig:
     """Component(s) -> devices in RLinf's grammar: '0-3', '0,2', 'all', 'devices:processes'."""
     timeout_s: float = 120.0
     """rlinf_mini: the longest any blocking wait (a group call, a channel get) may take before it is an error."""
+    channel_wait: Literal["spin", "block"] = "spin"
+    """rlinf_mini, backend 'local': how a channel get (or a put on a full key) waits. 'spin': it retries for a moment
+    before it sleeps in poll(), so a message made on another core mostly arrives without a wake-up
+    (rlinf_mini/scheduler/spin_wait.py); 'block': it sleeps in poll() at once, the plain path. Same messages."""
+    rank_start: Literal["forkserver", "spawn"] = "forkserver"
+    """rlinf_mini, backend 'local': how a rank's process starts. 'forkserver': forked from a server that imported torch
+    and the run's modules once (rlinf_mini/scheduler/forkserver.py); 'spawn': a fresh interpreter per rank that
+    imports everything itself, the plain path (slower to start). Same results."""
     threads_per_device: int = 1
     """rlinf_mini: torch's threads per device a rank holds (a number, not the core count: same bits)."""
 

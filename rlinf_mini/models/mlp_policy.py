@@ -138,6 +138,11 @@ class MLPPolicy(nn.Module):
         logprobs, _ = self._logprob_entropy(out, actions)
         return {"actions": actions, "logprobs": logprobs, "values": self._values(obs)}
 
+    def predict_values(self, obs: Tensor) -> Tensor:
+        """The value head alone, [B], for obs [B, obs_dim]: the bootstrap value of a truncated episode's final obs
+        (the same values predict_action_batch returns, without the action head and the sampling)."""
+        return self._values(obs)
+
     def default_forward(self, obs: Tensor, actions: Tensor, compute_values: bool = True) -> dict[str, Tensor]:
         """Recompute logprobs [N], entropy [N] and values [N] of stored obs [N, obs_dim] and actions, with gradients."""
         logprobs, entropy = self._logprob_entropy(self._head(obs), actions)

@@ -207,6 +207,10 @@ class TinyVLAPolicy(nn.Module):
         return {"actions": actions, "logprobs": logprobs, "values": values,
                 "forward_inputs": {**inputs, "action_tokens": tokens}}
 
+    def predict_values(self, inputs: dict[str, Tensor]) -> Tensor:
+        """Values [B] (predict_action_batch's, without the sampling): a truncated episode's bootstrap value."""
+        return self._run(inputs)[1]
+
     def default_forward(self, inputs: dict[str, Tensor], actions: Tensor | None = None,
                         compute_values: bool = True) -> dict[str, Tensor]:
         """Recompute logprobs, entropy and values [N] of the stored forward_inputs (their action_tokens), with

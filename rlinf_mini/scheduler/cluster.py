@@ -43,7 +43,8 @@ def make_backend(cfg: ClusterConfig, preload: tuple[str, ...] = (), gpus_per_nod
         return RayBackend(cfg, gpus_per_node)
     from rlinf_mini.scheduler.local import LocalBackend
 
-    return LocalBackend(cfg.timeout_s, preload)
+    return LocalBackend(cfg.timeout_s, preload, spin=cfg.channel_wait == "spin",
+                        fork_server=cfg.rank_start == "forkserver")
 
 
 class Cluster:

@@ -2,9 +2,9 @@
 from it.
 
 Each rank is a process forked from this server, one per driver, which imported torch once
-(`multiprocessing`'s "forkserver" start method, the default from Python 3.14 on Linux): 4 ranks answer their first
-call 0.18 s after launch, against 3.1 s when each is a fresh interpreter importing torch ("spawn"); the server's own
-start, once per driver process, is ~1.3-3 s (`python -m benchmarks --only backends`, row "local: rank start").
+(`multiprocessing`'s "forkserver" start method, the default from Python 3.14 on Linux), so a rank starts without
+importing torch; the plain path, cluster.rank_start 'spawn' (local.py), starts each rank as a fresh interpreter that
+imports it itself (`python -m benchmarks --only backends`, row "local: rank start", and docs/performance.md).
 The server is a fresh interpreter, not a copy of the driver: it has no threads, no CUDA context and none of the
 driver's state, so the fork is safe. Under `python -m rlinf_mini.train` it is a fork of the driver instead, made before
 anything computes (`start_fork_server_here`: the run does not import torch twice). Ranks are named "<group>:<rank>"
@@ -131,7 +131,7 @@ def _environ(values: dict[str, str]):
 
 def _end_fork_server() -> None:
     """SIGKILL the fork server and reap it. Its ranks are gone by now (the cluster stopped them) and it holds no state;
-    left to end at its lifeline's end-of-file, its interpreter teardown (torch loaded) took ~1 s at exit."""
+    left to end at its lifeline's end-of-file, its interpreter teardown (torch loaded) delayed the exit."""
     import multiprocessing.forkserver
 
     server = multiprocessing.forkserver._forkserver  # the stdlib keeps one per process; it has no public stop

@@ -29,6 +29,7 @@ from collections.abc import Hashable
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from rlinf_mini.scheduler.spin_wait import spin_for
 from rlinf_mini.scheduler.tracer import span
 
 MAX_BOUND = 512  # each returned token is one skb (~770 bytes) in the kernel: ~550 fit at Linux's default wmem_max
@@ -149,36 +150,6 @@ _opened: dict[tuple[str, str, Hashable], _KeyEnds] = {}  # (address, channel, ke
 _opened_lock = threading.Lock()
 
 
-# A get (or a put on a full key) that would block first polls the socket for up to SPIN_S, then sleeps in poll().
-# Waking a process that sleeps in poll() takes a sizeable part of one small-model inference, so when the other side
-# runs on another core, its message mostly comes within the spin. When the other side needs this core to make the
-# message, spinning only delays it: after SPIN_MISSES spins in a row that caught nothing, this process stops spinning
-# and tries once every SPIN_RETRY waits. (What the spin does to embodied_mlp's end-to-end row: docs/performance.md.)
-SPIN_S = 100e-6
-SPIN_MISSES = 8
-SPIN_RETRY = 64
-_spin = {"misses": 0, "skipped": 0}  # this process's (threads share it: a race only shifts when it retries)
-
-
-def _spin_for(op, arg):
-    """`op(arg, MSG_DONTWAIT)`'s result if it succeeds within SPIN_S of polling, else BlockingIOError."""
-    if _spin["misses"] >= SPIN_MISSES:
-        _spin["skipped"] += 1
-        if _spin["skipped"] < SPIN_RETRY:
-            raise BlockingIOError
-        _spin["skipped"] = 0  # one try, which resumes spinning if it catches the message
-    end = time.perf_counter() + SPIN_S
-    while time.perf_counter() < end:
-        try:
-            value = op(arg, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            continue
-        _spin["misses"] = 0
-        return value
-    _spin["misses"] += 1
-    raise BlockingIOError
-
-
 class _KeyEnds:
     def __init__(self, maxsize: int, socks: list[socket.socket]):
         self.maxsize = maxsize
@@ -195,10 +166,12 @@ class ChannelClosedError(ConnectionError):
 
 class KernelQueues:
     """The local channel transport (picklable: a server address). A put or get is a few system calls on the key's
-    kernel queues and no round trip: see _KeyQueue."""
+    kernel queues and no round trip: see _KeyQueue. `spin` (cluster.channel_wait 'spin'): a wait first retries for a
+    moment (spin_wait.py) before it sleeps in poll(); without it, it sleeps at once."""
 
-    def __init__(self, name: str, address: str, authkey: bytes, default_timeout: float):
+    def __init__(self, name: str, address: str, authkey: bytes, default_timeout: float, spin: bool = True):
         self.name, self._address, self._authkey, self.default_timeout = name, address, authkey, default_timeout
+        self.spin = spin
 
     def _closed(self, why: object) -> ChannelClosedError:
         _local.__dict__.setdefault("conns", {}).pop(self._address, None)
@@ -266,10 +239,11 @@ class KernelQueues:
         except BlockingIOError:
             pass
         with span(wait_name):
-            try:
-                return _spin_for(op, arg)
-            except BlockingIOError:
-                pass
+            if self.spin:
+                try:
+                    return spin_for(op, arg)
+                except BlockingIOError:
+                    pass
             while True:
                 if not self._wait(sock, event, deadline, check, slice_s):
                     return None

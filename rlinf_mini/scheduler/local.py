@@ -1,11 +1,12 @@
 """The local backend (the default): one torch.multiprocessing process per rank on this machine, forked from the fork
-server (forkserver.py), group calls over two pipes per rank; channels over kernel queues (kernel_queues.py),
+server (forkserver.py; cluster.rank_start 'spawn': a fresh interpreter per rank), group calls over two pipes per
+rank; channels over kernel queues (kernel_queues.py; cluster.channel_wait picks how a wait waits, spin_wait.py),
 tensors through shared memory (codec.py).
 
 A rank's environment (CUDA_VISIBLE_DEVICES, the CPU cores, RANK, ...) is the driver's at launch plus its own, set in
 `worker_main` before anything initializes CUDA or the thread pools. The driver talks to a rank through two pipes made
 at its start: commands in, results out; one write each way and no thread in between (a multiprocessing.Queue hands
-every message to a feeder thread on each side: on 4 ranks that made a no-op call 664 us). A message over INLINE_MAX
+every message to a feeder thread on each side, which made a no-op call several times slower). A message over INLINE_MAX
 goes through a shared-memory blob, so every pipe write is small and atomic. A driver whose command pipe is full reads
 results while it waits for room, so driver and worker never wait for each other.
 """
@@ -28,6 +29,7 @@ from rlinf_mini.scheduler.forkserver import (
     FORKSERVER_PRELOAD,
     SERVER_NAME,
     _end_fork_server,
+    _environ,
     _mp_context,
     _set_process_name,
     start_fork_server_here,
@@ -64,9 +66,11 @@ def _writable(conn: Connection) -> bool:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, timeout_s: float, preload: tuple[str, ...] = ()):
-        self.timeout_s = timeout_s
-        self.mp_context = _mp_context(preload)
+    def __init__(self, timeout_s: float, preload: tuple[str, ...] = (), spin: bool = True, fork_server: bool = True):
+        """spin: channel waits spin before they sleep (cluster.channel_wait); fork_server: ranks fork from the fork
+        server (cluster.rank_start 'forkserver'), else each is a fresh interpreter ('spawn')."""
+        self.timeout_s, self.spin, self.fork_server = timeout_s, spin, fork_server
+        self.mp_context = _mp_context(preload) if fork_server else _spawn_context()
         self.channel_server = ChannelServer()
 
     def launch(self, group, specs: list[RankSpec]) -> LocalRanks:
@@ -84,11 +88,20 @@ class LocalBackend(Backend):
 
     def channel_transport(self, name: str, maxsize: int, default_timeout: float) -> KernelQueues:
         self.channel_server.create(name, maxsize)
-        return KernelQueues(name, self.channel_server.address, self.channel_server.authkey, default_timeout)
+        return KernelQueues(name, self.channel_server.address, self.channel_server.authkey, default_timeout,
+                            spin=self.spin)
 
     def shutdown(self) -> None:
         self.channel_server.close()
         close_transport_resources()
+
+
+def _spawn_context():
+    """torch.multiprocessing's spawn context: each rank a fresh interpreter that imports torch and the run's modules
+    itself (cluster.rank_start 'spawn')."""
+    import torch.multiprocessing
+
+    return torch.multiprocessing.get_context("spawn")
 
 
 class LocalRanks(GroupRanks):
@@ -107,7 +120,10 @@ class LocalRanks(GroupRanks):
             env = dict(os.environ) | spec.env  # what a spawned process would have inherited, and the rank's own
             proc = ctx.Process(target=worker_main, args=(spec, env, cmd_r, res_w), name=f"{name}:{spec.rank}",
                                daemon=True)
-            proc.start()
+            # a spawned rank's libgomp reads its wait policy at torch's import, before worker_main sets its env:
+            # passive, as the fork server's (idle threads of ranks sharing cores sleep instead of spinning)
+            with _environ({} if backend.fork_server else {"OMP_WAIT_POLICY": "PASSIVE"}):
+                proc.start()
             cmd_r.close()  # the child has its own copies now: a dead child's pipe then reads EOF
             res_w.close()
             self._cmd.append(cmd_w)
@@ -222,7 +238,8 @@ def _drop_fork_server_lifeline() -> None:
 
 
 def worker_main(spec: RankSpec, env: dict[str, str], cmd_pipe: Connection, result_pipe: Connection) -> None:
-    """Entry point of a rank's process, forked from the fork server (torch already imported, nothing initialized)."""
+    """Entry point of a rank's process, forked from the fork server (torch already imported, nothing initialized) or
+    spawned (cluster.rank_start 'spawn': a fresh interpreter)."""
     import torch
 
     # Pinning first: CUDA reads CUDA_VISIBLE_DEVICES when it initializes (the first CUDA call, never at import), so
