@@ -82,6 +82,26 @@ SMOLLM2 = [
             (("algorithm.scale_rewards", "none"), ("algorithm.loss_agg_func", "seq-mean-token-sum")),
             "math_smollm2.yaml + Dr. GRPO", baseline="smollm2_grpo"),
 ]
+
+
+def _smollm2(name: str, claims: tuple[tuple[str, object], ...], what: str) -> Variant:
+    """A SmolLM2 variant: math_smollm2.yaml's full run plus `claims` as key=value overrides."""
+    overrides = tuple(f"{k}={v}" for k, v in claims)
+    return Variant(name, dataclasses.replace(_recipe("math_smollm2"), max_epochs=None, overrides=overrides), claims,
+                   what, baseline="smollm2_grpo")
+
+
+# DAPO here is clip-higher and dynamic sampling: the config's responses are max_new_tokens = 3 (all of them reach it),
+# so an overlong penalty would shift every reward alike and carry no signal
+SMOLLM2 += [
+    _smollm2("smollm2_dapo", (("algorithm.clip_ratio_high", 0.28), ("algorithm.max_resample", 5)),
+             "math_smollm2.yaml + clip-higher 0.2/0.28 and dynamic sampling (5 rounds)"),
+    _smollm2("smollm2_gspo", (("algorithm.importance_sampling_level", "sequence"),
+                              ("algorithm.loss_agg_func", "seq-mean-token-mean"),
+                              ("algorithm.clip_ratio_low", 0.0003), ("algorithm.clip_ratio_high", 0.0004)),
+             "math_smollm2.yaml + GSPO (sequence ratio, clip 3e-4/4e-4, seq-mean-token-mean)"),
+    _smollm2("smollm2_dyn_sampling", (("algorithm.max_resample", 5),), "math_smollm2.yaml + max_resample 5"),
+]
 IGNORED_KEYS = ("runner.logger.experiment_name",)  # a shipped config names its own results folder
 
 
@@ -206,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each is one subprocess tree)")
     parser.add_argument("--only", nargs="+", metavar="VARIANT", help="these variants of the math task")
     parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2 runs")
-    parser.add_argument("--smollm2-only", action="store_true",
-                        help="only the SmolLM2 runs; --out's math variants are kept as they are")
+    parser.add_argument("--smollm2-only", nargs="*", metavar="VARIANT",
+                        help="only the SmolLM2 runs (these, or all); --out's other rows are kept as they are")
     parser.add_argument("--smollm2-max-s", type=float, default=SMOLLM2_MAX_S,
                         help="the Dr. GRPO SmolLM2 run only if the plain one took at most this many wall seconds")
     parser.add_argument("--healthy", action="store_true",
@@ -221,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(report))
         print(footer(report))
         return 0
-    variants = [v for v in VARIANTS if (args.only is None or v.name in args.only) and not args.smollm2_only]
+    only_smollm2 = args.smollm2_only is not None
+    variants = [v for v in VARIANTS if (args.only is None or v.name in args.only) and not only_smollm2]
     if args.steps:
         variants = [dataclasses.replace(v, recipe=dataclasses.replace(v.recipe, max_epochs=args.steps))
                     for v in variants]
@@ -231,17 +252,19 @@ def main(argv: list[str] | None = None) -> int:
                             f"and {args.jobs} runs go at a time",
                     "loadavg_before": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "variants": {}}
-    if args.smollm2_only:  # the math variants' runs and their header stay those of the invocation that made them
+    if only_smollm2:  # the other rows and their header stay those of the invocation that made them
         kept = json.loads(args.out.read_text())
-        kept["variants"] = {k: v for k, v in kept["variants"].items() if not k.startswith("smollm2")}
-        kept["smollm2"] = {k: report[k] for k in ("command", "loadavg_before", "date")}
+        rerun = {v.name for v in SMOLLM2 if not args.smollm2_only or v.name in args.smollm2_only}
+        kept["variants"] = {k: v for k, v in kept["variants"].items() if k not in rerun}
+        kept.setdefault("smollm2_earlier", []).extend([kept["smollm2"]] if "smollm2" in kept else [])
+        kept["smollm2"] = {k: report[k] for k in ("command", "loadavg_before", "date")}  # this invocation's
         report = kept
     raw: dict[str, dict[int, dict]] = {v.name: {} for v in variants}
     lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="grpo_options_tree_") as folder:
         tree = Path(folder)
         commit = healthy_runs.export_tree(args.rev, tree)
-        (report["smollm2"] if args.smollm2_only else report)["commit"] = commit
+        (report["smollm2"] if only_smollm2 else report)["commit"] = commit
         facts = {c: healthy_runs.config_facts(tree, c) for c in {v.recipe.config for v in variants}}
 
         def one(v: Variant, seed: int) -> None:
@@ -263,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             for f in [pool.submit(one, v, seed) for seed in range(args.seeds) for v in variants]:
                 f.result()
         for v in SMOLLM2:
+            if only_smollm2 and args.smollm2_only and v.name not in args.smollm2_only:
+                continue
             missing = [m for m in v.recipe.needs if importlib.util.find_spec(m) is None]
             plain = report["variants"].get("smollm2_grpo", {}).get("summary", {}).get("wall_s")
             if args.no_smollm2:
@@ -282,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             f = run_figures(healthy_runs.run_one(recipe, 0, tree, healthy_runs.config_facts(tree, v.recipe.config)))
             report["variants"][v.name] = {"what": v.what, "config": v.recipe.config,
                                           "overrides": list(v.recipe.overrides), "summary": summary([f]), "runs": [f]}
-    (report["smollm2"] if args.smollm2_only else report)["loadavg_after"] = os.getloadavg()
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+    (report["smollm2"] if only_smollm2 else report)["loadavg_after"] = os.getloadavg()
     print(table(report))
     print(footer(report))
     args.out.write_text(json.dumps(report, indent=1) + "\n")
