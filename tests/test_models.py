@@ -166,7 +166,11 @@ def test_build_policy_takes_dims_from_the_env(tmp_path):
     policy = build_policy(cfg, obs_dim=OBS_DIM, action_dim=ACTION_DIM, discrete=False)
     assert policy.config == {"obs_dim": OBS_DIM, "action_dim": ACTION_DIM, "discrete": False,
                              "num_action_chunks": 2, "hidden_dim": 8, "add_value_head": True,
-                             "normalize_obs": False}
+                             "normalize_obs": False, "init_logstd": -0.5}
+    assert torch.equal(policy.actor_logstd, torch.full((2 * ACTION_DIM,), -0.5))  # RLinf's MLPPolicy starts at -0.5
+    wide = build_policy(ModelConfig(num_action_chunks=2, hidden_dim=8, init_logstd=0.0), obs_dim=OBS_DIM,
+                        action_dim=ACTION_DIM, discrete=False)  # SB3's and CleanRL's start: std 1
+    assert wide.config["init_logstd"] == 0.0 and torch.equal(wide.actor_logstd, torch.zeros(2 * ACTION_DIM))
     with pytest.raises(ValueError, match="actor.model.obs_dim"):
         build_policy(ModelConfig(obs_dim=7), obs_dim=OBS_DIM, action_dim=ACTION_DIM, discrete=False)
 

@@ -295,6 +295,9 @@ class ModelConfig:
     trained on, (obs - mean) / sqrt(var + 1e-8) clipped to [-10, 10] (SB3 VecNormalize's obs half; RLinf has no such
     key). The statistics are model buffers: the actor merges each step's observations over all its ranks after the
     update, the weight sync sends them to the rollout, checkpoints and the HF folder keep them."""
+    init_logstd: float = -0.5
+    """mlp_policy, Box actions: the initial log std of the Gaussian head (RLinf's MLPPolicy: -0.5, std 0.61; SB3's
+    and CleanRL's PPO start at 0, std 1). A fresh model only: a model_path keeps its trained value."""
     precision: str = "32"
     """Parameter precision: '32', or 'bf16' (on a GPU: forward and backward in bfloat16 autocast, fp32 master
     weights and optimizer; a CPU run keeps fp32 and says so at start)."""
