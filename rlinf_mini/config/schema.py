@@ -295,6 +295,10 @@ class ModelConfig:
     trained on, (obs - mean) / sqrt(var + 1e-8) clipped to [-10, 10] (SB3 VecNormalize's obs half; RLinf has no such
     key). The statistics are model buffers: the actor merges each step's observations over all its ranks after the
     update, the weight sync sends them to the rollout, checkpoints and the HF folder keep them."""
+    obs_norm_min_std: float = 0.0
+    """rlinf_mini, mlp_policy with normalize_obs: divide by max(std, this) instead of the std (0: SB3's, no floor),
+    so that a dim that barely moved while the statistics were gathered (MetaWorld's puck height and quaternion before
+    the puck is first pushed) cannot jump to the clip the first time it moves (docs/metaworld.md)."""
     init_logstd: float = -0.5
     """mlp_policy, Box actions: the initial log std of the Gaussian head (RLinf's MLPPolicy: -0.5, std 0.61; SB3's
     and CleanRL's PPO start at 0, std 1). A fresh model only: a model_path keeps its trained value."""

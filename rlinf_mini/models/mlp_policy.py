@@ -54,17 +54,17 @@ def _backbone(in_dim: int, hidden_dim: int) -> nn.Sequential:
 class MLPPolicy(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, num_action_chunks: int = 1,
                  hidden_dim: int = 64, add_value_head: bool = True, normalize_obs: bool = False,
-                 init_logstd: float = -0.5):
+                 init_logstd: float = -0.5, obs_norm_min_std: float = 0.0):
         super().__init__()
         self.config = {"obs_dim": obs_dim, "action_dim": action_dim, "discrete": discrete,
                        "num_action_chunks": num_action_chunks, "hidden_dim": hidden_dim,
                        "add_value_head": add_value_head, "normalize_obs": normalize_obs,
-                       "init_logstd": init_logstd}  # saved in config.json
+                       "init_logstd": init_logstd, "obs_norm_min_std": obs_norm_min_std}  # saved in config.json
         self.obs_dim, self.action_dim, self.discrete = obs_dim, action_dim, discrete
         self.num_action_chunks = num_action_chunks
         out_dim = num_action_chunks * action_dim  # C*A (Box) or C*n (Discrete)
         # running obs statistics (buffers: synced, checkpointed); both heads read the normalised obs
-        self.obs_normalizer = ObsNormalizer(obs_dim) if normalize_obs else None
+        self.obs_normalizer = ObsNormalizer(obs_dim, obs_norm_min_std) if normalize_obs else None
         self.backbone = _backbone(obs_dim, hidden_dim)
         if discrete:
             self.actor_logits = _layer(hidden_dim, out_dim, 0.01)
