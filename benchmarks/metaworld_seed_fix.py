@@ -30,6 +30,10 @@ CASES = {  # name: (config, seed, max_epochs, overrides)
                                                             "runner.val_check_interval=80"]),
     "reach_s2_no_obs_norm": ("metaworld_reach", 2, 41, ["actor.model.normalize_obs=false",
                                                         "runner.val_check_interval=40"]),
+    "push_s1_obs_floor": ("metaworld_push", 1, 161, ["actor.model.obs_norm_min_std=0.02",
+                                                     "runner.val_check_interval=80"]),
+    "reach_s2_obs_floor": ("metaworld_reach", 2, 40, ["actor.model.obs_norm_min_std=0.02",
+                                                      "runner.val_check_interval=40"]),
     # the seeds that pass with the config: does the override cost them anything?
     "reach_s0_no_obs_norm": ("metaworld_reach", 0, 40, ["actor.model.normalize_obs=false",
                                                         "runner.val_check_interval=40"]),
