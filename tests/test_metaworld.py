@@ -150,3 +150,21 @@ def test_mt10_one_hot_is_the_tasks_index_and_episode_stats_are_kept_per_task():
         single.close()
     with pytest.raises(EnvError, match=r"^env.train.use_one_hot: .*'state'"):
         get_env_spec(cfg(use_one_hot=True, init_params=InitParams(obs_mode="rgb")), "env.train")
+
+
+def test_render_shadows_false_turns_off_every_lights_shadow_and_only_that():
+    def frames(shadows: bool):
+        params = InitParams(obs_mode="rgb", camera_heights=16, camera_widths=16, render_shadows=shadows)
+        env = make_env(cfg(init_params=params), torch.arange(2), 1)
+        try:
+            model = env.envs[0].unwrapped.model
+            casts = model.light_castshadow.copy()
+            return env.reset()["images"], casts
+        finally:
+            env.close()
+
+    (lit, casts_on), (flat, casts_off) = frames(True), frames(False)
+    assert casts_on.any() and not casts_off.any()  # the default keeps MetaWorld's (and RLinf's) shadows
+    assert lit.shape == flat.shape == (2, 3, 16, 16) and lit.dtype == flat.dtype == torch.uint8
+    assert not torch.equal(lit, flat)  # the same scene, drawn without shadows
+    assert (lit.float() - flat.float()).abs().mean() < 32  # ... and nothing else: the view and the objects stay

@@ -166,7 +166,11 @@ def test_build_policy_takes_dims_from_the_env(tmp_path):
     policy = build_policy(cfg, obs_dim=OBS_DIM, action_dim=ACTION_DIM, discrete=False)
     assert policy.config == {"obs_dim": OBS_DIM, "action_dim": ACTION_DIM, "discrete": False,
                              "num_action_chunks": 2, "hidden_dim": 8, "add_value_head": True,
-                             "normalize_obs": False}
+                             "normalize_obs": False, "init_logstd": -0.5, "obs_norm_min_std": 0.0}
+    assert torch.equal(policy.actor_logstd, torch.full((2 * ACTION_DIM,), -0.5))  # RLinf's MLPPolicy starts at -0.5
+    wide = build_policy(ModelConfig(num_action_chunks=2, hidden_dim=8, init_logstd=0.0), obs_dim=OBS_DIM,
+                        action_dim=ACTION_DIM, discrete=False)  # SB3's and CleanRL's start: std 1
+    assert wide.config["init_logstd"] == 0.0 and torch.equal(wide.actor_logstd, torch.zeros(2 * ACTION_DIM))
     with pytest.raises(ValueError, match="actor.model.obs_dim"):
         build_policy(ModelConfig(obs_dim=7), obs_dim=OBS_DIM, action_dim=ACTION_DIM, discrete=False)
 
@@ -216,3 +220,19 @@ def test_uniforms_never_reach_0_or_1_not_even_at_the_extreme_hashes():
     plain = ((h >> numpy.uint64(40)).astype(numpy.float64) + 0.5) / 2 ** 24  # exact in float64
     assert u[0] == numpy.float32(plain[0]) and u[3] == numpy.float32(plain[3])  # the others are unchanged
     assert numpy.float32(plain[2]) == 1.0 and u[2] == numpy.nextafter(numpy.float32(1), numpy.float32(0))
+
+
+def test_obs_norm_min_std_floors_the_std_a_still_dim_is_divided_by():
+    """A plain reference: (x - mean) / sqrt(max(var, floor^2) + 1e-8), clipped to 10; a dim that never moved (var 0)
+    is divided by the floor, not by sqrt(1e-8); a dim with more spread than the floor is untouched."""
+    seen = torch.cat([torch.zeros(64, 1), torch.linspace(-1.0, 1.0, 64).unsqueeze(1)], dim=1)  # dim 0 still
+    new = torch.tensor([[0.05, 0.5]])
+    for floor in (0.0, 0.1):
+        policy = build_policy(ModelConfig(hidden_dim=8, normalize_obs=True, obs_norm_min_std=floor), obs_dim=2,
+                              action_dim=ACTION_DIM, discrete=False)
+        policy.obs_normalizer.update(seen)
+        mean, var = seen.double().mean(0), seen.double().var(0, correction=0)
+        ref = ((new.double() - mean) / (var.clamp_min(floor ** 2) + 1e-8).sqrt()).clamp(-10, 10).float()
+        assert torch.allclose(policy._normalize(new), ref, atol=1e-5)
+    assert policy._normalize(new)[0, 0] == pytest.approx(0.5, abs=1e-3)  # 0.05 / 0.1, where no floor gives the clip
+    assert policy.config["obs_norm_min_std"] == 0.1

@@ -228,6 +228,10 @@ class ModelConfig:
     """Add a value head (needed by loss_type 'actor_critic'; without one, adv_type 'gae' is critic-free)."""
     normalize_obs: bool = False
     """rlinf_mini, mlp_policy: normalise inputs by their running mean and variance."""
+    obs_norm_min_std: float = 0.0
+    """rlinf_mini, mlp_policy with normalize_obs: divide by max(std, this); 0 = no floor (SB3's)."""
+    init_logstd: float = -0.5
+    """mlp_policy, Box actions: the Gaussian head's initial log std (RLinf's -0.5; SB3's and CleanRL's 0)."""
     precision: str = "32"
     """Parameter precision: '32' or 'bf16' (GPU autocast, fp32 master weights; CPU keeps fp32)."""
 

@@ -25,6 +25,10 @@ class InitParams:
     """env_type metaworld, obs_mode rgb: camera image height in pixels."""
     camera_widths: int = 480
     """env_type metaworld, obs_mode rgb: camera image width in pixels."""
+    render_shadows: bool = True
+    """rlinf_mini, env_type metaworld (obs_mode rgb, eval videos): false turns MuJoCo's shadows off (every light's
+    castshadow), which are most of a frame's cost on a software renderer (Mesa's llvmpipe behind EGL:
+    docs/metaworld.md); the frames then differ from the view RLinf's SFT data saw (no shadows)."""
     make_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
     """env_type gymnasium: gymnasium.make's keyword arguments (in YAML: init_params' other keys)."""
 

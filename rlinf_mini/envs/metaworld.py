@@ -94,6 +94,8 @@ def _make_one(cfg: EnvSplitConfig, task: str, key: str):
     env.unwrapped.max_path_length = cfg.max_episode_steps + SETTLE_STEPS
     if render:
         env.unwrapped.model.cam_pos[2] = [0.75, 0.075, 0.7]  # RLinf's camera placement (its SFT data's view)
+        if not cfg.init_params.render_shadows:  # a shadow costs each light an extra pass over the scene
+            env.unwrapped.model.light_castshadow[:] = 0
     return env
 
 

@@ -48,4 +48,5 @@ def build_policy(model_cfg: ModelConfig, obs_dim: int, action_dim: int, discrete
         return policy
     return MLPPolicy(obs_dim=obs_dim, action_dim=action_dim, discrete=discrete,
                      num_action_chunks=model_cfg.num_action_chunks, hidden_dim=model_cfg.hidden_dim,
-                     add_value_head=model_cfg.add_value_head, normalize_obs=model_cfg.normalize_obs)
+                     add_value_head=model_cfg.add_value_head, normalize_obs=model_cfg.normalize_obs,
+                     init_logstd=model_cfg.init_logstd, obs_norm_min_std=model_cfg.obs_norm_min_std)

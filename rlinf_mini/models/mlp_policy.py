@@ -5,8 +5,9 @@
     out = policy.default_forward(obs, out["actions"])   # actor: {"logprobs", "entropy", "values"}, with gradients
 
 Inputs: obs [B, obs_dim]. Box actions: a Gaussian per action with a state-dependent mean (`actor_mean`) and a
-state-independent log std (`actor_logstd`, initialised to -0.5); actions [B, C, A] float32. Discrete actions
-(`action_dim` = the number of choices n): a categorical per chunk step (`actor_logits`); actions [B, C] int64.
+state-independent log std (`actor_logstd`, initialised to `init_logstd`: RLinf's -0.5 by default); actions [B, C, A]
+float32. Discrete actions (`action_dim` = the number of choices n): a categorical per chunk step (`actor_logits`);
+actions [B, C] int64.
 Logprobs and entropy are summed over the chunk and action dims, so one sample = one chunk step; the value head gives
 one value per sample (RLinf's `chunk_level` value). The sampling noise comes from the caller (uniforms
 from `rlinf_mini.utils.seeding.counter_uniform`), so the same (seed, env id, counter) gives the same action however
@@ -52,22 +53,24 @@ def _backbone(in_dim: int, hidden_dim: int) -> nn.Sequential:
 
 class MLPPolicy(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, num_action_chunks: int = 1,
-                 hidden_dim: int = 64, add_value_head: bool = True, normalize_obs: bool = False):
+                 hidden_dim: int = 64, add_value_head: bool = True, normalize_obs: bool = False,
+                 init_logstd: float = -0.5, obs_norm_min_std: float = 0.0):
         super().__init__()
         self.config = {"obs_dim": obs_dim, "action_dim": action_dim, "discrete": discrete,
                        "num_action_chunks": num_action_chunks, "hidden_dim": hidden_dim,
-                       "add_value_head": add_value_head, "normalize_obs": normalize_obs}  # saved in config.json
+                       "add_value_head": add_value_head, "normalize_obs": normalize_obs,
+                       "init_logstd": init_logstd, "obs_norm_min_std": obs_norm_min_std}  # saved in config.json
         self.obs_dim, self.action_dim, self.discrete = obs_dim, action_dim, discrete
         self.num_action_chunks = num_action_chunks
         out_dim = num_action_chunks * action_dim  # C*A (Box) or C*n (Discrete)
         # running obs statistics (buffers: synced, checkpointed); both heads read the normalised obs
-        self.obs_normalizer = ObsNormalizer(obs_dim) if normalize_obs else None
+        self.obs_normalizer = ObsNormalizer(obs_dim, obs_norm_min_std) if normalize_obs else None
         self.backbone = _backbone(obs_dim, hidden_dim)
         if discrete:
             self.actor_logits = _layer(hidden_dim, out_dim, 0.01)
         else:
             self.actor_mean = _layer(hidden_dim, out_dim, 0.01)
-            self.actor_logstd = nn.Parameter(torch.full((out_dim,), -0.5))
+            self.actor_logstd = nn.Parameter(torch.full((out_dim,), float(init_logstd)))
         # A separate MLP, so the value loss does not shape the policy's features (CleanRL's agent does the same).
         self.value_head = (nn.Sequential(_backbone(obs_dim, hidden_dim), _layer(hidden_dim, 1, 1.0))
                            if add_value_head else None)

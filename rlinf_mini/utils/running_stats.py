@@ -36,16 +36,17 @@ def merge_moments(mean: Tensor, var: Tensor, count: Tensor | float, batch_mean: 
 class ObsNormalizer(nn.Module):
     """Normalises observations [N, D] with the running moments of every observation it was updated with."""
 
-    def __init__(self, obs_dim: int):
+    def __init__(self, obs_dim: int, min_std: float = 0.0):
         super().__init__()
+        self.min_std = min_std  # a floor on the std divided by (0: SB3's, none): a dim that never moved stays small
         # float64: a million updates in float32 drift; the sync and the checkpoint carry float64 as they carry any dtype
         self.register_buffer("mean", torch.zeros(obs_dim, dtype=torch.float64))  # [D]
         self.register_buffer("var", torch.ones(obs_dim, dtype=torch.float64))  # [D]
         self.register_buffer("count", torch.tensor(START_COUNT, dtype=torch.float64))  # []
 
     def forward(self, obs: Tensor) -> Tensor:
-        """[N, D] -> [N, D] float32, (obs - mean) / sqrt(var + EPSILON) clipped to [-CLIP, CLIP]."""
-        scale = (self.var + EPSILON).rsqrt().to(torch.float32)
+        """[N, D] -> [N, D] float32, (obs - mean) / sqrt(max(var, min_std^2) + EPSILON) clipped to [-CLIP, CLIP]."""
+        scale = (self.var.clamp_min(self.min_std ** 2) + EPSILON).rsqrt().to(torch.float32)
         return ((obs.float() - self.mean.to(torch.float32)) * scale).clamp(-CLIP, CLIP)
 
     @torch.no_grad()
