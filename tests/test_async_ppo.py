@@ -1,6 +1,6 @@
 """Asynchronous PPO (algorithm.loss_type: decoupled_actor_critic, rlinf_mini/runners/embodied_async.py): staleness 0
 is the synchronous run bit for bit; staleness 1 queues batch i+1 before the actor trains batch i and stays within the
-bound; checkpoints resume; the inline backend runs it; a failing worker is named with its rank.
+bound; checkpoints resume; the inline backend runs it (Ray: test_ray.py); a failing worker is named with its rank.
 
 The module's runs are made once (`runs`) and read by the tests; order is proved by the runner's launch log, the
 versions the trajectories carry and the trace's span order, never by durations.
@@ -117,7 +117,11 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 def test_staleness_0_reproduces_the_synchronous_run_bitwise(runs):
-    sync, s0 = runs["sync"], runs["s0"]
+    assert_staleness_0_is_the_sync_run(runs["sync"], runs["s0"])
+
+
+def assert_staleness_0_is_the_sync_run(sync, s0) -> None:
+    """Every number both runs log is equal, and the final weights and optimizer state (test_ray.py's Ray run too)."""
     assert_same_weights(final_weights(sync), final_weights(s0))
     a, b = comparable(sync), comparable(s0)
     assert [h["step"] for h in a] == [h["step"] for h in b] == [0, 1, 2, 3, 4]  # eval at 0, then 4 steps
@@ -181,8 +185,12 @@ def test_batch_i_plus_1_is_queued_before_the_actor_trains_batch_i_except_across_
 def test_the_rollout_is_never_more_than_the_threshold_ahead(runs, name):
     """Every sample of the batch trained at step i was made by a version in [i - 1, i]: from the versions the
     rollout loaded and the trajectories' per-sample versions (data_staleness_k: the share k versions behind)."""
-    first = runs[name].history[0]["step"] - 1 if name.endswith("resumed") else 0
-    for i, h in enumerate(train_lines(runs[name]), start=first):
+    assert_within_staleness_1(runs[name], first=runs[name].history[0]["step"] - 1 if name.endswith("resumed") else 0)
+
+
+def assert_within_staleness_1(runner, first: int = 0) -> None:
+    """The batch trained at step i (first, first + 1, ...) was made by versions in [i - 1, i] (test_ray.py too)."""
+    for i, h in enumerate(train_lines(runner), start=first):
         assert i - 1 <= h["rollout/weight_version"] <= i
         ratios = {k: v for k, v in h.items() if k.startswith("rollout/data_staleness_")}
         assert set(ratios) <= {"rollout/data_staleness_0/ratio", "rollout/data_staleness_1/ratio"}
