@@ -68,6 +68,8 @@ def runs(tmp_path_factory):
         "s0_recompute": train(tmp, "s0_recompute", algorithm={**ASYNC, "staleness_threshold": 0},
                               rollout={"recompute_logprobs": True}),
         "s1": train(tmp, "s1", algorithm={**ASYNC, "staleness_threshold": 1}, runner={"trace": True}),
+        "s1_no_save": train(tmp, "s1_no_save", algorithm={**ASYNC, "staleness_threshold": 1},
+                            runner={"val_check_interval": -1, "save_interval": -1}),
         "s1_recompute": train(tmp, "s1_recompute", algorithm={**ASYNC, "staleness_threshold": 1},
                               rollout={"recompute_logprobs": True}),
         "s2_store2": train(tmp, "s2_store2", algorithm={**ASYNC, "staleness_threshold": 2,
@@ -181,7 +183,18 @@ def test_batch_i_plus_1_is_queued_before_the_actor_trains_batch_i_except_across_
     assert runs[name].launch_log == [(0, 0), (1, 0), (2, 2), (3, 2)]
 
 
-@pytest.mark.parametrize("name", ["s1", "s1_recompute", "s1_inline", "s1_resumed"])
+def test_a_batch_queued_ahead_of_the_bound_waits_in_the_rollout_for_its_version(runs):
+    """With no checkpoint barrier the driver queues batch i+2 while the actor holds version i (one ahead of the
+    bound); the rollout's load holds it until version i+1 exists: batch 2, queued at version 0, was made by a
+    version >= 1, batch 3, queued at version 1, by one >= 2."""
+    runner = runs["s1_no_save"]
+    assert runner.launch_log == [(0, 0), (1, 0), (2, 0), (3, 1)]
+    loaded = [h["rollout/weight_version"] for h in train_lines(runner)]
+    assert all(loaded[b] >= queued_at + 1 for b, queued_at in runner.launch_log[2:])
+    assert_within_staleness_1(runner)
+
+
+@pytest.mark.parametrize("name", ["s1", "s1_recompute", "s1_inline", "s1_resumed", "s1_no_save"])
 def test_the_rollout_is_never_more_than_the_threshold_ahead(runs, name):
     """Every sample of the batch trained at step i was made by a version in [i - 1, i]: from the versions the
     rollout loaded and the trajectories' per-sample versions (data_staleness_k: the share k versions behind)."""

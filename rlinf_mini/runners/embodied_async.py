@@ -74,12 +74,15 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         return interval > 0 and (step % interval == 0 or step == self.max_steps)
 
     def may_launch(self, batch: int) -> bool:
-        """AReaL's bound (batch <= actor version + staleness_threshold), within the run, not across a checkpoint."""
-        return (batch < self.max_steps and batch <= self.global_step + self.staleness_threshold
+        """Queue batch b once b <= actor version + staleness_threshold + 1, within the run, not across a checkpoint.
+        AReaL's bound (b <= version + threshold) is the rollout's to keep: b's first call waits for version b -
+        threshold. Queued one version early, the batch starts the moment actor rank 0 stamps that version, instead
+        of after the driver has seen the publish return and queued it (RLinf's rollout blocks in wait_if_stale)."""
+        return (batch < self.max_steps and batch <= self.global_step + self.staleness_threshold + 1
                 and not any(self._saves_at(g) for g in range(self.global_step + 1, batch + 1)))
 
     def launch_rollouts(self) -> None:
-        """Queue every batch the bound allows; the calls return at once, the workers run them in order."""
+        """Queue every batch may_launch allows; the calls return at once, the workers run them in order."""
         while self.may_launch(self.next_batch):
             b = self.next_batch
             load = self.rollout.load_newest_weights(max(b - self.staleness_threshold, 0))
