@@ -4,8 +4,9 @@ next batches while the actor trains on the current one; the loop around a step i
 A batch (one `env.interact` || `rollout.generate`, every env's rollout epochs) is the unit of version. Batch i may
 start once i <= actor version + algorithm.staleness_threshold (AReaL's rule), and it starts by loading the newest
 weights actor rank 0 has published (>= i - staleness_threshold: the rollout waits for that stamp). The driver queues
-the calls and does not wait for them: each worker runs its calls in order, so env and rollout run batch i+1 while
-the actor trains batch i. One step:
+the calls one version before the bound lets them start and does not wait for them: each worker runs its calls in
+order, so (threshold 1) env and rollout run batch i+1 while the actor trains batch i, and start batch i+2 when
+version i+1 is stamped. One step:
 
     launch batches            rollout.load_newest_weights(i - s); env.interact(i) || rollout.generate()   (queued)
     construct_rollout_batch   actor: batch `step`'s pieces -> its store (stages/train_async.py)
