@@ -140,8 +140,9 @@ def efficiency(seeds: int, names: list[str], config: str = CONFIG, knobs: Knobs 
 
 
 def summary(result: dict) -> dict:
-    """Per run: seconds to 0.9 over the seeds, its ratio to sync's per seed (None where either never reached 0.9),
-    and whether every final eval lies within the synchronous finals' [min, max]."""
+    """Per run: seconds to 0.9 over the seeds, its ratio to sync's per seed (None where either never reached 0.9) and
+    of the seeds' sums (None unless all reached it), and whether every final eval lies within the synchronous finals'
+    [min, max]."""
     sync_finals = [r["sync"]["final"] for r in result.values()]
     out = {}
     for name in next(iter(result.values())):
@@ -150,8 +151,10 @@ def summary(result: dict) -> dict:
             a, b = runs[name]["seconds_to_0.9"], runs["sync"]["seconds_to_0.9"]
             ratios.append(a / b if a is not None and b is not None else None)
         finals = [runs[name]["final"] for runs in result.values()]
-        out[name] = {"seconds_to_0.9": [runs[name]["seconds_to_0.9"] for runs in result.values()],
-                     "ratio_to_sync": ratios, "finals": finals,
+        seconds = [runs[name]["seconds_to_0.9"] for runs in result.values()]
+        sync_seconds = [runs["sync"]["seconds_to_0.9"] for runs in result.values()]
+        of_sums = sum(seconds) / sum(sync_seconds) if None not in seconds + sync_seconds else None
+        out[name] = {"seconds_to_0.9": seconds, "ratio_to_sync": ratios, "ratio_of_sums": of_sums, "finals": finals,
                      "finals_within_sync_spread": all(min(sync_finals) <= f <= max(sync_finals) for f in finals)}
     return out
 
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{seed} {name:4s} to 0.9: {r['seconds_to_0.9']} s, final {r['final']:.2f}, evals {r['evals']}")
         table = summary(result)
         for name, row in table.items():
-            print(f"{name:4s} ratio to sync {row['ratio_to_sync']}, finals {row['finals']}, within the sync spread: "
+            print(f"{name:4s} ratio to sync {row['ratio_to_sync']} (of the sums {row['ratio_of_sums']}), finals {row['finals']}, within the sync spread: "
                   f"{row['finals_within_sync_spread']}")
         out.write_text(json.dumps({"load_avg_before": load_before, "load_avg": os.getloadavg(), "config": config,
                                    "knobs": dataclasses.asdict(knobs) if knobs else None, "summary": table,
