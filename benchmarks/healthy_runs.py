@@ -70,6 +70,9 @@ RECIPES = [
     Recipe("embodied_mlp"),
     Recipe("embodied_mlp", variant="async", overrides=("algorithm.loss_type=decoupled_actor_critic",
                                                        "algorithm.staleness_threshold=1"),
+           omit=("time/trace/bubble/env_waits", "time/trace/bubble/rollout_waits"),
+           omit_why="the async runner's trace window is the actor's wait for its batch, not a rollout phase: the "
+                    "bubble shares describe the synchronous schedule",
            remarks=(("rollout/staleness", "0 or 1 at every step, as the bound allows (staleness_threshold 1: a batch "
                                           "may be made by the weights one update older); above 1: the bound is "
                                           "broken"),)),
@@ -144,6 +147,15 @@ METRICS = [  # the order of the page's rows; a recipe shows those its runs logge
     Metric("train/actor/approx_kl", "how far one training step moved the policy on its own samples",
            "~0 at every step: the policy does not change (lr, an all-zero loss mask); many times its usual level "
            "while eval falls: one update moved the policy too far"),
+    Metric("train/actor/proximal_approx_kl", "async PPO: how far one training step moved the policy from the "
+           "proximal anchor (k1, RLinf's sign)",
+           "~0 at every step: the policy does not change; many times its usual level while eval falls: one update "
+           "moved the policy too far"),
+    Metric("train/actor/behav_approx_kl", "async PPO: how far the policy that acted is from the proximal anchor "
+           "(k1 over the samples the behaviour weight keeps)",
+           "0 at every step with `staleness_threshold` > 0: the versions do not reach the loss; growing step after "
+           "step: the samples are staler than the anchor corrects (a lower threshold, or "
+           "`rollout.recompute_logprobs: true`)"),
     Metric("train/actor/clip_fraction", "samples whose probability ratio left the clip range",
            "0: the updates are too small to matter; most samples clipped: the later update epochs learn little",
            percent=True),

@@ -132,21 +132,21 @@ class WeightReceiver:
         min_version. The newest weights sent from another node land in the buffer, stamped (this rank is then the
         buffer's only writer); a same-node notice says the actor has stamped that version in the buffer itself,
         which read_newest then copies torn-free."""
-        newest, sent_weights = self._noticed, None
-        while self.mailbox.qsize(self.segment.name) > 0 or max(newest, int(self._stamp[0])) < min_version:
+        sent_weights, weights_version = None, -1  # the newest weights a message carried
+        while self.mailbox.qsize(self.segment.name) > 0 or max(self._noticed, int(self._stamp[0])) < min_version:
             ok, message = self.mailbox.get(self.segment.name, deadline, None, timeout)
             if not ok:
                 raise TimeoutError(f"weight sync: version >= {min_version} did not arrive from actor rank 0 within "
                                    f"{timeout:g} s (buffer holds version {int(self._stamp[0])})")
             sent, weights = message
-            if sent > newest:
-                newest, sent_weights = sent, weights if weights is not None else sent_weights
-        self._noticed = newest
+            self._noticed = max(self._noticed, sent)
+            if weights is not None and sent > weights_version:
+                sent_weights, weights_version = weights, sent
         if sent_weights is not None:
             with torch.no_grad(), span("weight_copy"):
                 for name, t in sent_weights.items():
                     self._views[name].copy_(t)
-            self._stamp.fill_(newest)
+            self._stamp.fill_(weights_version)
 
     def _wait_mailbox(self, version: int, timeout: float, start: float) -> None:
         """Ray: the actor's notice (a same-node buffer is written already) or the weights (from another node)."""
