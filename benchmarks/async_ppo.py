@@ -132,11 +132,16 @@ def learning_run(staleness: int | None, seed: int, recompute: bool = False, conf
 RUNS = {"sync": (None, False), "s1": (1, False), "s2": (2, False), "s1r": (1, True), "s2r": (2, True)}
 
 
-def efficiency(seeds: int, names: list[str], config: str = CONFIG, knobs: Knobs | None = None) -> dict:
-    """The runs `names` (sync, s1, s2: interpolated anchor; s1r, s2r: recomputed) over `seeds` seeds, one at a time,
-    the runs in turn per seed."""
-    return {f"seed {k}": {name: learning_run(RUNS[name][0], k, RUNS[name][1], config, knobs) for name in names}
-            for k in range(seeds)}
+def efficiency(seeds: int, names: list[str], config: str = CONFIG, knobs: Knobs | None = None, first_seed: int = 0,
+               done=lambda result: None) -> dict:
+    """The runs `names` (sync, s1, s2: interpolated anchor; s1r, s2r: recomputed) over `seeds` seeds from
+    `first_seed`, one at a time, the runs in turn per seed; `done(result so far)` after each run."""
+    result: dict = {}
+    for k in range(first_seed, first_seed + seeds):
+        for name in names:
+            result.setdefault(f"seed {k}", {})[name] = learning_run(RUNS[name][0], k, RUNS[name][1], config, knobs)
+            done(result)
+    return result
 
 
 def summary(result: dict) -> dict:
@@ -169,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--knobs", nargs="?", const="default", metavar="STEP,POLICY,TRAIN",
                         help="--efficiency with the latency knobs (seconds, as the keys take them; no value: the "
                              "config's balanced default, DEFAULT_KNOBS)")
-    parser.add_argument("--runs", default="sync,s1,s2,s1r,s2r", help="--efficiency: which runs (sync, s1, s2, s1r, s2r)")
+    parser.add_argument("--runs", default="sync,s1,s2,s1r,s2r",
+                        help="--efficiency: which runs (sync, s1, s2; s1r, s2r: the recomputed anchor)")
+    parser.add_argument("--first-seed", type=int, default=0, help="--efficiency: seeds from this one")
     args = parser.parse_args(argv)
     if args.efficiency:
         config = METAWORLD if args.metaworld else CONFIG
@@ -180,17 +187,22 @@ def main(argv: list[str] | None = None) -> int:
             ("_knobs" if knobs else "") + ".json"
         out = ROOT / default if args.out == parser.get_default("out") else args.out
         load_before = os.getloadavg()
-        result = efficiency(args.efficiency, args.runs.split(","), config, knobs)
+
+        def write(result: dict, final: bool = False) -> None:  # after every run: a long run's figures are kept
+            table = summary(result) if final else None
+            out.write_text(json.dumps({"load_avg_before": load_before, "load_avg": os.getloadavg(), "config": config,
+                                       "knobs": dataclasses.asdict(knobs) if knobs else None, "complete": final,
+                                       "summary": table, "runs": result}, indent=1) + "\n")
+
+        result = efficiency(args.efficiency, args.runs.split(","), config, knobs, args.first_seed, write)
         for seed, runs in result.items():
             for name, r in runs.items():
                 print(f"{seed} {name:4s} to 0.9: {r['seconds_to_0.9']} s, final {r['final']:.2f}, evals {r['evals']}")
+        write(result, final=True)
         table = summary(result)
         for name, row in table.items():
-            print(f"{name:4s} ratio to sync {row['ratio_to_sync']} (of the sums {row['ratio_of_sums']}), finals {row['finals']}, within the sync spread: "
-                  f"{row['finals_within_sync_spread']}")
-        out.write_text(json.dumps({"load_avg_before": load_before, "load_avg": os.getloadavg(), "config": config,
-                                   "knobs": dataclasses.asdict(knobs) if knobs else None, "summary": table,
-                                   "runs": result}, indent=1) + "\n")
+            print(f"{name:4s} ratio to sync {row['ratio_to_sync']} (of the sums {row['ratio_of_sums']}), finals "
+                  f"{row['finals']}, within the sync spread: {row['finals_within_sync_spread']}")
         print(f"wrote {out}")
         return 0
     rows, raw = measure(args.reps)

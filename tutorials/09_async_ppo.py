@@ -184,8 +184,8 @@ assert not [s for s in s1.trace_spans if s[2] == "compute_proximal_logprobs"]
 # `rlinf/runners/async_ppo_embodied_runner.py::AsyncPPOEmbodiedRunner` runs env and rollout as long-lived services
 # that stream trajectories to the actor (`rlinf/workers/actor/async_ppo_fsdp_worker.py`: a receiving thread, a
 # `PriorityStore`), and the rollout blocks in `wait_if_stale`. Here the driver queues whole batches on workers that
-# run their calls in order, and the rollout blocks in its weight load, which gives the same bound with no threads. RLinf's runner raises `NotImplementedError`
-# for `rollout.recompute_logprobs: true`; here both anchors run.
+# run their calls in order, and the rollout blocks in its weight load, which gives the same bound with no threads.
+# RLinf's runner raises `NotImplementedError` for `rollout.recompute_logprobs: true`; here both anchors run.
 #
 # ## Exercise
 #
