@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from benchmarks.measure import Row
@@ -106,9 +107,19 @@ DEFAULT_KNOBS = {CONFIG: Knobs(0.010, 0.005, 0.600), METAWORLD: Knobs(0.002, 0.0
 def learning_run(staleness: int | None, seed: int, recompute: bool = False, config: str = CONFIG,
                  knobs: Knobs | None = None) -> dict:
     """`config` as shipped (plus the latency knobs, if given), seed k added to actor.seed and env.train.seed: its
-    eval success_once by step, and the training seconds (time/step + time/eval summed) until the first eval >= 0.9."""
+    eval success_once by step, and the seconds until the first eval >= 0.9: `seconds_to_0.9` the time/step and
+    time/eval timers summed; `wall_to_0.9` the driver's clock from the step-0 eval's line to that eval's line (what
+    the timers leave out, e.g. a group call between steps that waits behind a batch in flight, counts here)."""
     from rlinf_mini.config import load_config
+    from rlinf_mini.runners.base import Runner
     from rlinf_mini.train import RunPlan, build_and_run
+
+    clock: list[float] = []  # time.monotonic() at each logged line, in history order
+    log = Runner._log
+
+    def timed_log(self, metrics, step, bar=None):
+        clock.append(time.monotonic())
+        log(self, metrics, step, bar)
 
     with tempfile.TemporaryDirectory(prefix="bench_async_eff_") as log_path:
         argv = ["--config", config, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
@@ -118,15 +129,20 @@ def learning_run(staleness: int | None, seed: int, recompute: bool = False, conf
             argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
                      str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
         cfg = load_config(argv)
-        history = build_and_run(cfg, RunPlan(cfg, config))
-    evals, elapsed, to_09 = [], 0.0, None
-    for h in history:
+        Runner._log = timed_log  # the runner's own line-logging, timed (restored below)
+        try:
+            history = build_and_run(cfg, RunPlan(cfg, config))
+        finally:
+            Runner._log = log
+    evals, elapsed, to_09, wall_to_09 = [], 0.0, None, None
+    for h, t in zip(history, clock, strict=True):
         elapsed += h.get("time/step", 0.0) + h.get("time/eval", 0.0)
         if "eval/success_once" in h:
             evals.append((h["step"], h["eval/success_once"]))
             if to_09 is None and h["eval/success_once"] >= 0.9:
-                to_09 = elapsed
-    return {"evals": evals, "seconds_to_0.9": to_09, "final": evals[-1][1], "seconds_total": elapsed}
+                to_09, wall_to_09 = elapsed, t - clock[0]
+    return {"evals": evals, "seconds_to_0.9": to_09, "wall_to_0.9": wall_to_09, "final": evals[-1][1],
+            "seconds_total": elapsed, "wall_total": clock[-1] - clock[0]}
 
 
 RUNS = {"sync": (None, False), "s1": (1, False), "s2": (2, False), "s1r": (1, True), "s2r": (2, True)}
@@ -159,7 +175,12 @@ def summary(result: dict) -> dict:
         seconds = [runs[name]["seconds_to_0.9"] for runs in result.values()]
         sync_seconds = [runs["sync"]["seconds_to_0.9"] for runs in result.values()]
         of_sums = sum(seconds) / sum(sync_seconds) if None not in seconds + sync_seconds else None
+        walls = [runs[name].get("wall_to_0.9") for runs in result.values()]
+        sync_walls = [runs["sync"].get("wall_to_0.9") for runs in result.values()]
+        wall_ratios = [a / b if a is not None and b is not None else None for a, b in zip(walls, sync_walls)]
         out[name] = {"seconds_to_0.9": seconds, "ratio_to_sync": ratios, "ratio_of_sums": of_sums, "finals": finals,
+                     "wall_to_0.9": walls, "wall_ratio_to_sync": wall_ratios,
+                     "wall_ratio_of_sums": sum(walls) / sum(sync_walls) if None not in walls + sync_walls else None,
                      "finals_within_sync_spread": all(min(sync_finals) <= f <= max(sync_finals) for f in finals)}
     return out
 
