@@ -43,6 +43,7 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         self.published = -1  # the newest version actor rank 0 has been asked to publish
         self.pending_publish: GroupFuture | None = None  # actor.sync_weight_no_wait: collected one step later
         self.launch_log: list[tuple[int, int]] = []  # (batch, actor version when it was queued): for tests
+        self.pending_drains: list[GroupFuture] = []  # env / rollout trace drains queued behind batches
 
     # --- weights ------------------------------------------------------------------------------------------------------
 
@@ -124,6 +125,16 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
             with self.timer("update_rollout_weights"):
                 metrics |= self.publish_weights()  # the next batch to start reads it
         return metrics | self.timings
+
+    def drain_worker_spans(self) -> list:
+        """The env's and rollout's drains queue behind their batches in flight: waiting for them would hold the
+        driver until the next batch's rollout ends, and the update could not overlap it. So they are queued each
+        step and read once done (a later step's gather; the run's last step, with no batch in flight, waits for
+        them): a step's trace metrics may miss env / rollout spans that are still in flight."""
+        self.pending_drains += [self.env.trace_drain(), self.rollout.trace_drain()]
+        ready = [f for f in self.pending_drains if f.done() or not self.in_flight]
+        self.pending_drains = [f for f in self.pending_drains if f not in ready]
+        return [s for f in [self.actor.trace_drain(), *ready] for per_rank in f.wait() for s in per_rank]
 
     def trace_title(self) -> str:
         return f"rlinf_mini async PPO, staleness_threshold={self.staleness_threshold}"
