@@ -3,6 +3,8 @@
     python -m benchmarks.async_ppo               # 3 repetitions, writes benchmarks/async_ppo.json
     python -m benchmarks.async_ppo --reps 1 --out /tmp/x.json
     python -m benchmarks.async_ppo --efficiency 3   # learning curves over 3 seeds: benchmarks/async_ppo_efficiency.json
+    python -m benchmarks.async_ppo --efficiency 3 --knobs --runs sync,s1,s2              # ..._efficiency_knobs.json
+    python -m benchmarks.async_ppo --efficiency 3 --knobs --metaworld --runs sync,s1,s2  # ..._metaworld_knobs.json
 
 configs/embodied_mlp.yaml's hybrid placement (env on device 0, rollout on 1, the actor on both), 2 pipeline stages,
 with the three latency knobs, all sleeps (the core stays free, as when a simulator, a GPU policy and a GPU update do
@@ -20,6 +22,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from benchmarks.measure import Row
@@ -79,35 +82,107 @@ def measure(reps: int) -> tuple[list[Row], list[dict]]:
     return rows, raw
 
 
-def learning_run(staleness: int | None, seed: int, recompute: bool = False) -> dict:
-    """configs/embodied_mlp.yaml as shipped (no latency knobs), seed k added to actor.seed and env.train.seed: its
-    eval success_once by step, and the training seconds (time/step + time/eval summed) until the first eval >= 0.9."""
+METAWORLD = "configs/metaworld_reach.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    """The latency knobs of a learning run, as set on the keys (s): a sleep per env sub-step of each env object
+    (env.train.step_latency_s), per policy call (rollout.policy_latency_s), per update (actor.train_latency_s)."""
+
+    step: float
+    policy: float
+    train: float
+
+    def argv(self) -> list[str]:
+        return ["--env.train.step-latency-s", repr(self.step), "--rollout.policy-latency-s", repr(self.policy),
+                "--actor.train-latency-s", repr(self.train)]
+
+
+# per config, balanced as on a GPU box with a simulator: one batch's rollout about as long as one update (the case
+# async PPO is for); the values and what they make are in docs/async_ppo.md
+DEFAULT_KNOBS = {CONFIG: Knobs(0.010, 0.005, 0.600), METAWORLD: Knobs(0.002, 0.001, 0.4)}
+
+
+def learning_run(staleness: int | None, seed: int, recompute: bool = False, config: str = CONFIG,
+                 knobs: Knobs | None = None) -> dict:
+    """`config` as shipped (plus the latency knobs, if given), seed k added to actor.seed and env.train.seed: its
+    eval success_once by step, and the seconds until the first eval >= 0.9: `seconds_to_0.9` the time/step and
+    time/eval timers summed; `wall_to_0.9` the driver's clock from the step-0 eval's line to that eval's line (what
+    the timers leave out, e.g. a group call between steps that waits behind a batch in flight, counts here)."""
     from rlinf_mini.config import load_config
+    from rlinf_mini.runners.base import Runner
     from rlinf_mini.train import RunPlan, build_and_run
 
+    clock: list[float] = []  # time.monotonic() at each logged line, in history order
+    log = Runner._log
+
+    def timed_log(self, metrics, step, bar=None):
+        clock.append(time.monotonic())
+        log(self, metrics, step, bar)
+
     with tempfile.TemporaryDirectory(prefix="bench_async_eff_") as log_path:
-        argv = ["--config", CONFIG, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
+        argv = ["--config", config, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
                 "--runner.no-progress-bar", "--runner.log-interval", "1000", "--actor.seed", str(1234 + seed),
-                "--env.train.seed", str(seed)]
+                "--env.train.seed", str(seed)] + (knobs.argv() if knobs else [])
         if staleness is not None:
             argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
                      str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
         cfg = load_config(argv)
-        history = build_and_run(cfg, RunPlan(cfg, CONFIG))
-    evals, elapsed, to_09 = [], 0.0, None
-    for h in history:
+        Runner._log = timed_log  # the runner's own line-logging, timed (restored below)
+        try:
+            history = build_and_run(cfg, RunPlan(cfg, config))
+        finally:
+            Runner._log = log
+    evals, elapsed, to_09, wall_to_09 = [], 0.0, None, None
+    for h, t in zip(history, clock, strict=True):
         elapsed += h.get("time/step", 0.0) + h.get("time/eval", 0.0)
         if "eval/success_once" in h:
             evals.append((h["step"], h["eval/success_once"]))
             if to_09 is None and h["eval/success_once"] >= 0.9:
-                to_09 = elapsed
-    return {"evals": evals, "seconds_to_0.9": to_09, "final": evals[-1][1]}
+                to_09, wall_to_09 = elapsed, t - clock[0]
+    return {"evals": evals, "seconds_to_0.9": to_09, "wall_to_0.9": wall_to_09, "final": evals[-1][1],
+            "seconds_total": elapsed, "wall_total": clock[-1] - clock[0]}
 
 
-def efficiency(seeds: int) -> dict:
-    """Sync, staleness 1 and 2 (interpolated anchor; "r": recomputed) over `seeds` seeds, in turn per seed."""
-    runs = (("sync", None, False), ("s1", 1, False), ("s2", 2, False), ("s1r", 1, True), ("s2r", 2, True))
-    return {f"seed {k}": {name: learning_run(s, k, r) for name, s, r in runs} for k in range(seeds)}
+RUNS = {"sync": (None, False), "s1": (1, False), "s2": (2, False), "s1r": (1, True), "s2r": (2, True)}
+
+
+def efficiency(seeds: int, names: list[str], config: str = CONFIG, knobs: Knobs | None = None, first_seed: int = 0,
+               done=lambda result: None) -> dict:
+    """The runs `names` (sync, s1, s2: interpolated anchor; s1r, s2r: recomputed) over `seeds` seeds from
+    `first_seed`, one at a time, the runs in turn per seed; `done(result so far)` after each run."""
+    result: dict = {}
+    for k in range(first_seed, first_seed + seeds):
+        for name in names:
+            result.setdefault(f"seed {k}", {})[name] = learning_run(RUNS[name][0], k, RUNS[name][1], config, knobs)
+            done(result)
+    return result
+
+
+def summary(result: dict) -> dict:
+    """Per run: seconds to 0.9 over the seeds, its ratio to sync's per seed (None where either never reached 0.9) and
+    of the seeds' sums (None unless all reached it), and whether every final eval lies within the synchronous finals'
+    [min, max]."""
+    sync_finals = [r["sync"]["final"] for r in result.values()]
+    out = {}
+    for name in next(iter(result.values())):
+        ratios = []
+        for runs in result.values():
+            a, b = runs[name]["seconds_to_0.9"], runs["sync"]["seconds_to_0.9"]
+            ratios.append(a / b if a is not None and b is not None else None)
+        finals = [runs[name]["final"] for runs in result.values()]
+        seconds = [runs[name]["seconds_to_0.9"] for runs in result.values()]
+        sync_seconds = [runs["sync"]["seconds_to_0.9"] for runs in result.values()]
+        of_sums = sum(seconds) / sum(sync_seconds) if None not in seconds + sync_seconds else None
+        walls = [runs[name].get("wall_to_0.9") for runs in result.values()]
+        sync_walls = [runs["sync"].get("wall_to_0.9") for runs in result.values()]
+        wall_ratios = [a / b if a is not None and b is not None else None for a, b in zip(walls, sync_walls)]
+        out[name] = {"seconds_to_0.9": seconds, "ratio_to_sync": ratios, "ratio_of_sums": of_sums, "finals": finals,
+                     "wall_to_0.9": walls, "wall_ratio_to_sync": wall_ratios,
+                     "wall_ratio_of_sums": sum(walls) / sum(sync_walls) if None not in walls + sync_walls else None,
+                     "finals_within_sync_spread": all(min(sync_finals) <= f <= max(sync_finals) for f in finals)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,14 +191,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/async_ppo.json")
     parser.add_argument("--efficiency", type=int, metavar="SEEDS", default=0,
                         help="instead: learning curves of sync / staleness 1 / 2 over SEEDS seeds")
+    parser.add_argument("--metaworld", action="store_true", help=f"--efficiency on {METAWORLD} (not {CONFIG})")
+    parser.add_argument("--knobs", nargs="?", const="default", metavar="STEP,POLICY,TRAIN",
+                        help="--efficiency with the latency knobs (seconds, as the keys take them; no value: the "
+                             "config's balanced default, DEFAULT_KNOBS)")
+    parser.add_argument("--runs", default="sync,s1,s2,s1r,s2r",
+                        help="--efficiency: which runs (sync, s1, s2; s1r, s2r: the recomputed anchor)")
+    parser.add_argument("--first-seed", type=int, default=0, help="--efficiency: seeds from this one")
     args = parser.parse_args(argv)
     if args.efficiency:
-        out = ROOT / "benchmarks/async_ppo_efficiency.json" if args.out == parser.get_default("out") else args.out
-        result = efficiency(args.efficiency)
+        config = METAWORLD if args.metaworld else CONFIG
+        knobs = None
+        if args.knobs:
+            knobs = DEFAULT_KNOBS[config] if args.knobs == "default" else Knobs(*map(float, args.knobs.split(",")))
+        default = "benchmarks/async_ppo_efficiency" + ("_metaworld" if args.metaworld else "") + \
+            ("_knobs" if knobs else "") + ".json"
+        out = ROOT / default if args.out == parser.get_default("out") else args.out
+        load_before = os.getloadavg()
+
+        def write(result: dict, final: bool = False) -> None:  # after every run: a long run's figures are kept
+            table = summary(result) if final else None
+            out.write_text(json.dumps({"load_avg_before": load_before, "load_avg": os.getloadavg(), "config": config,
+                                       "knobs": dataclasses.asdict(knobs) if knobs else None, "complete": final,
+                                       "summary": table, "runs": result}, indent=1) + "\n")
+
+        result = efficiency(args.efficiency, args.runs.split(","), config, knobs, args.first_seed, write)
         for seed, runs in result.items():
             for name, r in runs.items():
                 print(f"{seed} {name:4s} to 0.9: {r['seconds_to_0.9']} s, final {r['final']:.2f}, evals {r['evals']}")
-        out.write_text(json.dumps({"load_avg": os.getloadavg(), "config": CONFIG, "runs": result}, indent=1) + "\n")
+        write(result, final=True)
+        table = summary(result)
+        for name, row in table.items():
+            print(f"{name:4s} ratio to sync {row['ratio_to_sync']} (of the sums {row['ratio_of_sums']}), finals "
+                  f"{row['finals']}, within the sync spread: {row['finals_within_sync_spread']}")
         print(f"wrote {out}")
         return 0
     rows, raw = measure(args.reps)

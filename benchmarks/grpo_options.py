@@ -342,8 +342,8 @@ def write_healthy(v: Variant, runs: list[dict], commit: str, date: str, facts: d
     rows of docs/what_you_should_see.md."""
     if v.recipe not in healthy_runs.RECIPES:  # a smoke test's shorter budget: not the recipe
         return
-    entries = {e["config"]: e for e in json.loads(healthy_runs.JSON_PATH.read_text())["recipes"]}
-    entries[v.recipe.config] = (healthy_runs.entry_head(v.recipe, facts)
+    entries = {healthy_runs.entry_key(e): e for e in json.loads(healthy_runs.JSON_PATH.read_text())["recipes"]}
+    entries[v.recipe.key] = (healthy_runs.entry_head(v.recipe, facts)
                                 | healthy_runs.measured_entry(v.recipe, runs, commit, date))
     ordered = healthy_runs._ordered(entries)
     healthy_runs.JSON_PATH.write_text(json.dumps(ordered, indent=1) + "\n")

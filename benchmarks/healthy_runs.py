@@ -2,6 +2,7 @@
 
     python -m benchmarks.healthy_runs                                # every recipe (an hour or more on 2 cores)
     python -m benchmarks.healthy_runs --only embodied_mlp cartpole   # some; the others keep their JSON entries
+    python -m benchmarks.healthy_runs --only embodied_mlp+async      # a config's second row (its overrides differ)
     python -m benchmarks.healthy_runs --render                       # the page from the JSON alone, no run
     python -m benchmarks.grpo_options --healthy    # math_dapo's and math_gspo's entries from that benchmark's runs
 
@@ -49,6 +50,16 @@ class Recipe:
     omit_why: str = ""
     remarks: tuple[tuple[str, str], ...] = ()  # (metric, what a value outside the range means here), for the recipe
     overrides: tuple[str, ...] = ()  # key=value overrides after the run's own (benchmarks/grpo_options.py's variants)
+    variant: str = ""  # a second row of the same config (its overrides differ): the row's name is config+variant
+
+    @property
+    def key(self) -> str:
+        return entry_key({"config": self.config, "variant": self.variant})
+
+
+def entry_key(entry: dict) -> str:
+    """A row's name: its config, or config+variant for a second row of one config."""
+    return entry["config"] + (f"+{entry['variant']}" if entry.get("variant") else "")
 
 
 PASS_AT_4 = "runner.val_pass_k=4"  # eval/pass@4 beside greedy eval/accuracy (4 samples per held-out prompt)
@@ -57,6 +68,14 @@ RETURN_ONLY = ("near its step-0 value late in training: nothing is learned (look
                "`algorithm.update_epoch`)")
 RECIPES = [
     Recipe("embodied_mlp"),
+    Recipe("embodied_mlp", variant="async", overrides=("algorithm.loss_type=decoupled_actor_critic",
+                                                       "algorithm.staleness_threshold=1"),
+           omit=("time/trace/bubble/env_waits", "time/trace/bubble/rollout_waits"),
+           omit_why="the async runner's trace window is the actor's wait for its batch, not a rollout phase: the "
+                    "bubble shares describe the synchronous schedule",
+           remarks=(("rollout/staleness", "0 or 1 at every step, as the bound allows (staleness_threshold 1: a batch "
+                                          "may be made by the weights one update older); above 1: the bound is "
+                                          "broken"),)),
     Recipe("embodied_grpo"),
     Recipe("embodied_collocated"),
     Recipe("embodied_disaggregated"),
@@ -128,6 +147,15 @@ METRICS = [  # the order of the page's rows; a recipe shows those its runs logge
     Metric("train/actor/approx_kl", "how far one training step moved the policy on its own samples",
            "~0 at every step: the policy does not change (lr, an all-zero loss mask); many times its usual level "
            "while eval falls: one update moved the policy too far"),
+    Metric("train/actor/proximal_approx_kl", "async PPO: how far one training step moved the policy from the "
+           "proximal anchor (k1, RLinf's sign)",
+           "~0 at every step: the policy does not change; many times its usual level while eval falls: one update "
+           "moved the policy too far"),
+    Metric("train/actor/behav_approx_kl", "async PPO: how far the policy that acted is from the proximal anchor "
+           "(k1 over the samples the behaviour weight keeps)",
+           "0 at every step with `staleness_threshold` > 0: the versions do not reach the loss; growing step after "
+           "step: the samples are staler than the anchor corrects (a lower threshold, or "
+           "`rollout.recompute_logprobs: true`)"),
     Metric("train/actor/clip_fraction", "samples whose probability ratio left the clip range",
            "0: the updates are too small to matter; most samples clipped: the later update epochs learn little",
            percent=True),
@@ -212,7 +240,7 @@ def export_tree(rev: str, into: Path) -> str:
 
 def run_one(recipe: Recipe, seed: int, tree: Path, facts: dict) -> dict:
     """One seed of a recipe: its metrics.jsonl rows, exit code, wall and CPU seconds, the load around it."""
-    with tempfile.TemporaryDirectory(prefix=f"healthy_{recipe.config}_{seed}_") as folder:
+    with tempfile.TemporaryDirectory(prefix=f"healthy_{recipe.key}_{seed}_") as folder:
         tmp = Path(folder)
         argv = run_argv(recipe, seed, tmp, facts)
         env = {**os.environ, **dict(recipe.env), "PYTHONPATH": str(tree)}
@@ -316,9 +344,22 @@ def _span(values: list[float], fmt: str = ".0f") -> str:
     return lo if lo == hi else f"{lo}-{hi}"
 
 
+def heading(entry: dict) -> str:
+    """The row's section title: the config, and a variant's overrides."""
+    title = f"## `configs/{entry['config']}.yaml`"
+    if entry.get("variant"):
+        title += f" + {entry['variant']}: " + ", ".join(f"`{o}`" for o in entry["overrides"])
+    return title
+
+
+def _anchor(title: str) -> str:
+    """The link target of a section title (GitHub's rule: lower case, punctuation dropped, spaces to hyphens)."""
+    return "".join(c for c in title.lstrip("# ").lower() if c.isalnum() or c in " -_").replace(" ", "-")
+
+
 def render_recipe(entry: dict) -> list[str]:
     by_name = {m.name: m for m in METRICS}
-    lines = [f"## `configs/{entry['config']}.yaml`", ""]
+    lines = [heading(entry), ""]
     if entry["status"] != "measured":
         return [*lines, f"Not measured: {entry['status']}.", ""]
     s = entry["summary"]
@@ -387,7 +428,7 @@ def render(data: dict) -> str:
             what = f"{len(e['runs'])} seed(s) x {steps} steps" + (" (shorter budget)" if e["max_epochs"] else "")
         else:
             what = f"no: {e['status']}"
-        lines.append(f"| [`{e['config']}`](#configs{e['config']}yaml) | {what} | {final} |")
+        lines.append(f"| [`{entry_key(e)}`](#{_anchor(heading(e))}) | {what} | {final} |")
     lines.append("")
     for e in entries:
         lines += render_recipe(e)
@@ -399,8 +440,9 @@ def render(data: dict) -> str:
 
 def measure(recipe: Recipe, tree: Path, commit: str) -> dict:
     if not (tree / f"configs/{recipe.config}.yaml").is_file():
-        return {"config": recipe.config, "max_epochs": recipe.max_epochs, "config_max_epochs": None,
-                "note": recipe.note, "status": f"configs/{recipe.config}.yaml is not in the measured commit {commit}"}
+        return {"config": recipe.config, **_variant(recipe), "max_epochs": recipe.max_epochs,
+                "config_max_epochs": None, "note": recipe.note,
+                "status": f"configs/{recipe.config}.yaml is not in the measured commit {commit}"}
     facts = config_facts(tree, recipe.config)
     entry = entry_head(recipe, facts)
     missing = [m for m in recipe.needs if importlib.util.find_spec(m) is None]
@@ -411,7 +453,7 @@ def measure(recipe: Recipe, tree: Path, commit: str) -> dict:
     runs = []
     for seed in range(recipe.seeds):
         run = run_one(recipe, seed, tree, facts)
-        print(f"{recipe.config} seed {seed}: exit {run['exit_code']}, {run['wall_s']} s wall, {run['cpu_s']} s CPU, "
+        print(f"{recipe.key} seed {seed}: exit {run['exit_code']}, {run['wall_s']} s wall, {run['cpu_s']} s CPU, "
               f"load {run['load']}; {run['last_line']}", file=sys.stderr, flush=True)
         runs.append(run)
     return entry | measured_entry(recipe, runs, commit, date)
@@ -419,8 +461,12 @@ def measure(recipe: Recipe, tree: Path, commit: str) -> dict:
 
 def entry_head(recipe: Recipe, facts: dict) -> dict:
     """The JSON entry's first keys: the recipe's budget beside its config's."""
-    return {"config": recipe.config, "max_epochs": recipe.max_epochs, "config_max_epochs": facts["max_epochs"],
-            "note": recipe.note}
+    return {"config": recipe.config, **_variant(recipe), "max_epochs": recipe.max_epochs,
+            "config_max_epochs": facts["max_epochs"], "note": recipe.note}
+
+
+def _variant(recipe: Recipe) -> dict:
+    return {"variant": recipe.variant, "overrides": list(recipe.overrides)} if recipe.variant else {}
 
 
 def measured_entry(recipe: Recipe, runs: list[dict], commit: str, date: str) -> dict:
@@ -440,23 +486,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=JSON_PATH)
     parser.add_argument("--page", type=Path, default=PAGE_PATH)
     args = parser.parse_args(argv)
-    known = [r.config for r in RECIPES]
+    known = [r.key for r in RECIPES]
     unknown = sorted(set(args.only or ()) - set(known))
     if unknown:
         print(f"error: --only: unknown recipe(s) {', '.join(unknown)} (known: {', '.join(known)})", file=sys.stderr)
         return 2
-    old = {e["config"]: e for e in json.loads(args.json.read_text())["recipes"]} if args.json.is_file() else {}
+    old = {entry_key(e): e for e in json.loads(args.json.read_text())["recipes"]} if args.json.is_file() else {}
     if not args.render:
         with tempfile.TemporaryDirectory(prefix="healthy_tree_") as tree:
             commit = export_tree(args.rev, Path(tree))
             for recipe in RECIPES:
-                if args.only is not None and recipe.config not in args.only:
+                if args.only is not None and recipe.key not in args.only:
                     continue
                 if args.seeds or args.steps:
                     recipe = dataclasses.replace(recipe, seeds=args.seeds or recipe.seeds,
                                                  max_epochs=args.steps or recipe.max_epochs,
                                                  note="a smoke test" if args.steps else recipe.note)
-                old[recipe.config] = measure(recipe, Path(tree), commit)
+                old[recipe.key] = measure(recipe, Path(tree), commit)
                 args.json.write_text(json.dumps(_ordered(old), indent=1) + "\n")  # after each: a crash keeps these
     data = _ordered(old)
     args.json.write_text(json.dumps(data, indent=1) + "\n")
@@ -471,8 +517,8 @@ def _ordered(entries: dict[str, dict]) -> dict:
     and remarks (text about the recipe, not measured: they may change without a rerun)."""
     out = []
     for r in RECIPES:
-        if r.config in entries:
-            out.append(entries[r.config] | {"omit": list(r.omit), "omit_why": r.omit_why,
+        if r.key in entries:
+            out.append(entries[r.key] | {"omit": list(r.omit), "omit_why": r.omit_why,
                                             "remarks": [list(x) for x in r.remarks]})
     return {"recipes": out}
 

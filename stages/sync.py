@@ -80,6 +80,7 @@ class WeightReceiver:
         self._stamp = self.segment.view(torch.int64, (1,), 0)
         self._stamp.fill_(-1)
         self.version = -1
+        self._noticed = -1  # async PPO on Ray: the newest version a mailbox message has named (_take_mailbox)
         self._views = {s.name: self.segment.view(s.dtype, s.shape, s.offset) for s in self.layout}
         self.zero_copy = all(t.device.type == "cpu" for t in weights.values())
         self.node, self.mailbox = _ray_node_and_mailbox()
@@ -112,8 +113,6 @@ class WeightReceiver:
     def load_newest(self, model: torch.nn.Module, min_version: int, timeout: float) -> int:
         """Async PPO: copy the newest stamped version (>= min_version; waits for it) into `model`, a model apart from
         this buffer's (whose weights the actor may overwrite meanwhile); returns the version copied."""
-        if self.mailbox is not None:
-            raise NotImplementedError("async PPO's weight read on the Ray backend (its weights come by mailbox)")
         weights = model_weights(model)
 
         def copy_out() -> None:
@@ -121,9 +120,33 @@ class WeightReceiver:
                 for name, t in weights.items():
                     t.copy_(self._views[name])
 
+        start = time.monotonic()
         with span("wait_weights"), waiting_for_others():  # the inline backend runs the actor meanwhile
-            self.version = read_newest(self._stamp, copy_out, min_version, timeout)
+            if self.mailbox is not None:
+                self._take_mailbox(min_version, start + timeout, timeout)
+            self.version = read_newest(self._stamp, copy_out, min_version, timeout - (time.monotonic() - start))
         return self.version
+
+    def _take_mailbox(self, min_version: int, deadline: float, timeout: float) -> None:
+        """Ray, async PPO: take every message the mailbox holds, and wait for more while none has said a version >=
+        min_version. The newest weights sent from another node land in the buffer, stamped (this rank is then the
+        buffer's only writer); a same-node notice says the actor has stamped that version in the buffer itself,
+        which read_newest then copies torn-free."""
+        sent_weights, weights_version = None, -1  # the newest weights a message carried
+        while self.mailbox.qsize(self.segment.name) > 0 or max(self._noticed, int(self._stamp[0])) < min_version:
+            ok, message = self.mailbox.get(self.segment.name, deadline, None, timeout)
+            if not ok:
+                raise TimeoutError(f"weight sync: version >= {min_version} did not arrive from actor rank 0 within "
+                                   f"{timeout:g} s (buffer holds version {int(self._stamp[0])})")
+            sent, weights = message
+            self._noticed = max(self._noticed, sent)
+            if weights is not None and sent > weights_version:
+                sent_weights, weights_version = weights, sent
+        if sent_weights is not None:
+            with torch.no_grad(), span("weight_copy"):
+                for name, t in sent_weights.items():
+                    self._views[name].copy_(t)
+            self._stamp.fill_(weights_version)
 
     def _wait_mailbox(self, version: int, timeout: float, start: float) -> None:
         """Ray: the actor's notice (a same-node buffer is written already) or the weights (from another node)."""

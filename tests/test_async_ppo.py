@@ -1,6 +1,6 @@
 """Asynchronous PPO (algorithm.loss_type: decoupled_actor_critic, rlinf_mini/runners/embodied_async.py): staleness 0
 is the synchronous run bit for bit; staleness 1 queues batch i+1 before the actor trains batch i and stays within the
-bound; checkpoints resume; the inline backend runs it; a failing worker is named with its rank.
+bound; checkpoints resume; the inline backend runs it (Ray: test_ray.py); a failing worker is named with its rank.
 
 The module's runs are made once (`runs`) and read by the tests; order is proved by the runner's launch log, the
 versions the trajectories carry and the trace's span order, never by durations.
@@ -68,6 +68,8 @@ def runs(tmp_path_factory):
         "s0_recompute": train(tmp, "s0_recompute", algorithm={**ASYNC, "staleness_threshold": 0},
                               rollout={"recompute_logprobs": True}),
         "s1": train(tmp, "s1", algorithm={**ASYNC, "staleness_threshold": 1}, runner={"trace": True}),
+        "s1_no_save": train(tmp, "s1_no_save", algorithm={**ASYNC, "staleness_threshold": 1},
+                            runner={"val_check_interval": -1, "save_interval": -1}),
         "s1_recompute": train(tmp, "s1_recompute", algorithm={**ASYNC, "staleness_threshold": 1},
                               rollout={"recompute_logprobs": True}),
         "s2_store2": train(tmp, "s2_store2", algorithm={**ASYNC, "staleness_threshold": 2,
@@ -117,7 +119,11 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 def test_staleness_0_reproduces_the_synchronous_run_bitwise(runs):
-    sync, s0 = runs["sync"], runs["s0"]
+    assert_staleness_0_is_the_sync_run(runs["sync"], runs["s0"])
+
+
+def assert_staleness_0_is_the_sync_run(sync, s0) -> None:
+    """Every number both runs log is equal, and the final weights and optimizer state (test_ray.py's Ray run too)."""
     assert_same_weights(final_weights(sync), final_weights(s0))
     a, b = comparable(sync), comparable(s0)
     assert [h["step"] for h in a] == [h["step"] for h in b] == [0, 1, 2, 3, 4]  # eval at 0, then 4 steps
@@ -177,12 +183,27 @@ def test_batch_i_plus_1_is_queued_before_the_actor_trains_batch_i_except_across_
     assert runs[name].launch_log == [(0, 0), (1, 0), (2, 2), (3, 2)]
 
 
-@pytest.mark.parametrize("name", ["s1", "s1_recompute", "s1_inline", "s1_resumed"])
+def test_a_batch_queued_ahead_of_the_bound_waits_in_the_rollout_for_its_version(runs):
+    """With no checkpoint barrier the driver queues batch i+2 while the actor holds version i (one ahead of the
+    bound); the rollout's load holds it until version i+1 exists: batch 2, queued at version 0, was made by a
+    version >= 1, batch 3, queued at version 1, by one >= 2."""
+    runner = runs["s1_no_save"]
+    assert runner.launch_log == [(0, 0), (1, 0), (2, 0), (3, 1)]
+    loaded = [h["rollout/weight_version"] for h in train_lines(runner)]
+    assert all(loaded[b] >= queued_at + 1 for b, queued_at in runner.launch_log[2:])
+    assert_within_staleness_1(runner)
+
+
+@pytest.mark.parametrize("name", ["s1", "s1_recompute", "s1_inline", "s1_resumed", "s1_no_save"])
 def test_the_rollout_is_never_more_than_the_threshold_ahead(runs, name):
     """Every sample of the batch trained at step i was made by a version in [i - 1, i]: from the versions the
     rollout loaded and the trajectories' per-sample versions (data_staleness_k: the share k versions behind)."""
-    first = runs[name].history[0]["step"] - 1 if name.endswith("resumed") else 0
-    for i, h in enumerate(train_lines(runs[name]), start=first):
+    assert_within_staleness_1(runs[name], first=runs[name].history[0]["step"] - 1 if name.endswith("resumed") else 0)
+
+
+def assert_within_staleness_1(runner, first: int = 0) -> None:
+    """The batch trained at step i (first, first + 1, ...) was made by versions in [i - 1, i] (test_ray.py too)."""
+    for i, h in enumerate(train_lines(runner), start=first):
         assert i - 1 <= h["rollout/weight_version"] <= i
         ratios = {k: v for k, v in h.items() if k.startswith("rollout/data_staleness_")}
         assert set(ratios) <= {"rollout/data_staleness_0/ratio", "rollout/data_staleness_1/ratio"}

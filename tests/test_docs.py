@@ -43,10 +43,12 @@ from stages.sync import WeightReceiver
 
 
 def page_metrics() -> dict[str, list[str]]:
-    """docs/what_you_should_see.md: config -> the metrics its table lists."""
+    """docs/what_you_should_see.md: row name (config, or config+variant) -> the metrics its table lists."""
     out: dict[str, list[str]] = {}
     for section in re.split(r"^## `configs/", healthy_runs.PAGE_PATH.read_text(), flags=re.M)[1:]:
-        name = section.split(".yaml`", 1)[0]
+        name, rest = section.split(".yaml`", 1)
+        variant = re.match(r" \+ (\w+):", rest)
+        name += f"+{variant[1]}" if variant else ""
         out[name] = re.findall(r"^\| `([\w/]+)`: ", section, re.M)
     return out
 
@@ -60,13 +62,13 @@ def test_the_page_is_the_render_of_the_shipped_json():
 
 def test_every_shipped_config_has_a_recipe_and_a_row():
     shipped = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
-    assert sorted(r.config for r in healthy_runs.RECIPES) == shipped
-    entries = {e["config"]: e for e in json.loads(healthy_runs.JSON_PATH.read_text())["recipes"]}
-    assert sorted(entries) == shipped
+    assert sorted({r.config for r in healthy_runs.RECIPES}) == shipped
+    entries = {healthy_runs.entry_key(e): e for e in json.loads(healthy_runs.JSON_PATH.read_text())["recipes"]}
+    assert sorted(entries) == sorted(r.key for r in healthy_runs.RECIPES)  # a row per recipe, its variants too
     for name, entry in entries.items():  # a row says what was measured, or why not
         assert entry["status"] == "measured" or entry["status"], name
         if entry["status"] == "measured":
-            assert len(entry["runs"]) == next(r.seeds for r in healthy_runs.RECIPES if r.config == name)
+            assert len(entry["runs"]) == next(r.seeds for r in healthy_runs.RECIPES if r.key == name)
             assert page_metrics()[name], name
 
 
@@ -171,7 +173,7 @@ def reasoning_keys(tmp_path_factory) -> set[str]:
 def test_every_metric_on_the_page_is_logged_by_a_real_short_run(task, request):
     listed = {}
     for name, metrics in page_metrics().items():
-        if load_config(["--config", str(ROOT / f"configs/{name}.yaml")]).runner.task_type == task:
+        if load_config(["--config", str(ROOT / f"configs/{name.split('+')[0]}.yaml")]).runner.task_type == task:
             listed[name] = metrics
     assert listed, f"no {task} config on the page"
     if task == "reasoning":

@@ -11,6 +11,7 @@ test_ray_outside.py)."""
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -497,6 +498,56 @@ def test_weight_sync_remote_and_same_node_paths_and_timeout(two_nodes, monkeypat
         sender.close()
         receiver.close()
     assert alive_actors() == ["_ChannelActor"]  # the mailbox, made here; the cluster's shutdown removes it
+
+
+def test_async_weight_read_takes_the_newest_version_by_mailbox_on_both_paths(two_nodes, monkeypatch):
+    """Async PPO's read on Ray (WeightReceiver.load_newest): with several versions published since the last read it
+    copies the newest, from the mailbox's weights (another node) or from the buffer a notice names (same node); it
+    waits for a version >= the bound and times out naming it; the rollout's own weights stay out of the buffer."""
+    from stages.sync import WeightReceiver, WeightSender
+
+    torch.manual_seed(0)
+    actor_model, rollout_model = torch.nn.Linear(200, 100), torch.nn.Linear(200, 100)
+    serving = copy.deepcopy(rollout_model)  # the model the rollout infers with (async PPO's copy)
+    monkeypatch.setenv("RLINF_MINI_RAY_NODE", "node-a")
+    receiver, sender = WeightReceiver(rollout_model), WeightSender()
+    try:
+        for versions, node in (((1, 2, 3), "node-b"), ((4, 5), "node-a")):  # remote, then same node
+            monkeypatch.setenv("RLINF_MINI_RAY_NODE", node)  # the sender's node
+            for version in versions:  # published one after the other before the rollout reads
+                with torch.no_grad():
+                    actor_model.weight.fill_(float(version))
+                sender.send(actor_model, [receiver.handle()], version)
+            assert receiver.load_newest(serving, min_version=versions[0], timeout=20) == versions[-1]
+            assert torch.equal(serving.weight, torch.full_like(serving.weight, float(versions[-1]))), versions
+            assert receiver.mailbox.qsize(receiver.segment.name) == 0  # every message taken
+        assert receiver.load_newest(serving, min_version=4, timeout=20) == 5  # nothing new: the newest again
+        with pytest.raises(TimeoutError, match=r"version >= 6 did not arrive from actor rank 0 within 0\.3 s \(buffer "
+                                               r"holds version 5\)"):
+            receiver.load_newest(serving, min_version=6, timeout=0.3)
+    finally:
+        sender.close()
+        receiver.close()
+    assert alive_actors() == ["_ChannelActor"]
+
+
+def test_async_ppo_on_ray_staleness_0_is_the_local_sync_run_and_staleness_1_keeps_the_bound(ray_cluster, tmp_path):
+    """Async PPO on one Ray node (the same-node buffer and its notices) and on two (the rollout on node 1: weights
+    through the mailbox): staleness 0 is the local synchronous run bit for bit, staleness 1 queues batch i+1 before
+    the actor trains batch i and trains only on versions within the bound."""
+    from test_async_ppo import ASYNC, assert_staleness_0_is_the_sync_run, assert_within_staleness_1
+    from test_async_ppo import train as train_async
+
+    sync = train_async(tmp_path, "sync")
+    for nodes in (1, 2):
+        ray_cluster_cfg = {"backend": "ray", "num_nodes": nodes}
+        s0 = train_async(tmp_path, f"s0_{nodes}", algorithm={**ASYNC, "staleness_threshold": 0},
+                         cluster=ray_cluster_cfg)
+        assert_staleness_0_is_the_sync_run(sync, s0)
+        s1 = train_async(tmp_path, f"s1_{nodes}", algorithm={**ASYNC, "staleness_threshold": 1},
+                         cluster=ray_cluster_cfg)
+        assert s1.launch_log == [(0, 0), (1, 0), (2, 2), (3, 2)]  # a save at step 2 is a barrier (save_interval 2)
+        assert_within_staleness_1(s1)
 
 
 def test_one_node_kernel_queues_a_killed_rank_ends_the_wait_and_leaves_nothing(ray_cluster):

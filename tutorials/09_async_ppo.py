@@ -14,8 +14,9 @@
 # the actor's. Two rules keep that in hand:
 #
 # - **the bound** (AReaL's): batch i may start only once i <= actor version + `algorithm.staleness_threshold`; it
-#   starts by loading the newest published weights (at least version i - threshold), and every sample is tagged
-#   with that version;
+#   starts by loading the newest published weights (at least version i - threshold: the rollout waits for that
+#   stamp, as RLinf's rollout waits in `wait_if_stale`), and every sample is tagged with that version. The driver
+#   queues each batch one version before it may start, so it starts the moment its version is published;
 # - **the decoupled loss**: PPO's clip is taken against a *proximal* policy pi_prox (close to the current one), and
 #   each sample is weighted by pi_prox / pi_behav (how far the policy that acted is from that anchor). The anchor is
 #   recomputed by an actor forward (`rollout.recompute_logprobs: true`: one more forward per step) or interpolated
@@ -23,12 +24,13 @@
 #
 # ## The code to read
 #
-# - `rlinf_mini/runners/embodied_async.py`: `AsyncEmbodiedRunner` — `may_launch` (the bound, and a checkpoint as a
-#   barrier), `launch_rollouts` (group calls queued, not waited for), `train_step`.
+# - `rlinf_mini/runners/embodied_async.py`: `AsyncEmbodiedRunner` — `may_launch` (how far ahead batches are queued,
+#   and a checkpoint as a barrier), `launch_rollouts` (group calls queued, not waited for), `train_step`.
 # - `stages/train_async.py`: `AsyncActorWorker.construct_rollout_batch` (the store ordered by version),
 #   `compute_proximal_logprobs`; `stages/train.py::compute_micro_batch_loss` calls the decoupled loss.
 # - `stages/losses.py`: `interpolate_proximal_logprobs`, `compute_decoupled_ppo_actor_loss`.
-# - `stages/weight_buffer.py::read_newest`: the rollout's torn-free read while the actor may be writing.
+# - `stages/weight_buffer.py::read_newest`: the rollout's torn-free read while the actor may be writing (on Ray,
+#   `stages/sync.py::WeightReceiver.load_newest` takes the weight mailbox's messages first).
 
 # %%
 import shutil
@@ -127,13 +129,17 @@ print("rollout batch overlapping actor update (s1):", overlaps)
 # %% [markdown]
 # ## What you should see (3)
 #
-# With threshold 1, batch i+1 is queued at actor version i: before the actor trains batch i. With 2, two ahead. In
-# the trace, the rollout's `generate` of a later batch starts before an actor update ends and ends after it starts:
-# they ran at the same time (the timeline is `runs/09_s1/timeline.png`).
+# With threshold 1, batches up to i+2 are queued at actor version i: batch i+1 runs before the actor trains batch i,
+# and batch i+2 waits in the rollout's weight load until version i+1 is published (so it was made by version i+1
+# or newer: the bound holds without the driver's help). With 2, one more. In the trace, the rollout's `generate` of
+# a later batch starts before an actor update ends and ends after it starts: they ran at the same time (the
+# timeline is `runs/09_s1/timeline.png`).
 
 # %%
-assert s1.launch_log == [(0, 0), (1, 0), (2, 1), (3, 2)]
-assert s2.launch_log == [(0, 0), (1, 0), (2, 0), (3, 1)]
+assert s1.launch_log == [(0, 0), (1, 0), (2, 0), (3, 1)]
+assert s2.launch_log == [(0, 0), (1, 0), (2, 0), (3, 0)]
+loaded = [h["rollout/weight_version"] for h in s1.history]
+assert all(loaded[b] >= b - 1 for b, queued_at in s1.launch_log if b > queued_at + 1)  # queued early, made late
 assert any(g > t for g, t in overlaps)  # a *later* batch than the one being trained
 
 # %% [markdown]
@@ -178,8 +184,8 @@ assert not [s for s in s1.trace_spans if s[2] == "compute_proximal_logprobs"]
 # `rlinf/runners/async_ppo_embodied_runner.py::AsyncPPOEmbodiedRunner` runs env and rollout as long-lived services
 # that stream trajectories to the actor (`rlinf/workers/actor/async_ppo_fsdp_worker.py`: a receiving thread, a
 # `PriorityStore`), and the rollout blocks in `wait_if_stale`. Here the driver queues whole batches on workers that
-# run their calls in order, which gives the same bound with no threads. RLinf's runner raises `NotImplementedError`
-# for `rollout.recompute_logprobs: true`; here both anchors run.
+# run their calls in order, and the rollout blocks in its weight load, which gives the same bound with no threads.
+# RLinf's runner raises `NotImplementedError` for `rollout.recompute_logprobs: true`; here both anchors run.
 #
 # ## Exercise
 #

@@ -241,9 +241,6 @@ def check_async_ppo(cfg: TrainConfig, source: str) -> None:
     if cfg.runner.weight_sync_interval != 1:
         fail("runner.weight_sync_interval", f"{cfg.runner.weight_sync_interval}: async PPO publishes the weights "
                                             f"after every update (its versions count updates); set 1")
-    if cfg.cluster.backend == "ray":
-        fail("cluster.backend", "'ray' does not run async PPO yet (its weights come by mailbox, which the rollout's "
-                                "torn-free read does not poll); use 'local' or 'inline'")
 
 
 def check_precision(cfg: TrainConfig, num_gpus: int, source: str) -> None:

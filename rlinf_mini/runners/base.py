@@ -195,8 +195,7 @@ class Runner:
 
     def gather_trace(self) -> dict[str, float]:
         """Collect every worker's spans of the step that just ended; returns its time/trace/* metrics."""
-        futures = [group.trace_drain() for group in self.groups]
-        spans = tracer.drain() + [s for f in futures for per_rank in f.wait() for s in per_rank]
+        spans = tracer.drain() + self.drain_worker_spans()
         step = max((s for s in spans if s[0] == "driver" and s[2] == "step"), key=lambda s: s[4], default=None)
         if step is None:
             return {}
@@ -206,6 +205,11 @@ class Runner:
             self.last_step_window = (step[4], step[5])
             self.last_traced_step = self.global_step  # the step number metrics.jsonl logs it under
         return tracer.step_metrics(spans, step[4], step[5], window=(win[0][4], win[0][5]) if win else None)
+
+    def drain_worker_spans(self) -> list:
+        """Every worker's spans recorded since the last drain (one trace_drain call per group, waited for)."""
+        futures = [group.trace_drain() for group in self.groups]
+        return [s for f in futures for per_rank in f.wait() for s in per_rank]
 
     def write_trace(self) -> None:
         """trace.json (every traced step) and timeline.png (the last traced step) into the run folder."""

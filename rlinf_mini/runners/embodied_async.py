@@ -4,8 +4,9 @@ next batches while the actor trains on the current one; the loop around a step i
 A batch (one `env.interact` || `rollout.generate`, every env's rollout epochs) is the unit of version. Batch i may
 start once i <= actor version + algorithm.staleness_threshold (AReaL's rule), and it starts by loading the newest
 weights actor rank 0 has published (>= i - staleness_threshold: the rollout waits for that stamp). The driver queues
-the calls and does not wait for them: each worker runs its calls in order, so env and rollout run batch i+1 while
-the actor trains batch i. One step:
+the calls one version before the bound lets them start and does not wait for them: each worker runs its calls in
+order, so (threshold 1) env and rollout run batch i+1 while the actor trains batch i, and start batch i+2 when
+version i+1 is stamped. One step:
 
     launch batches            rollout.load_newest_weights(i - s); env.interact(i) || rollout.generate()   (queued)
     construct_rollout_batch   actor: batch `step`'s pieces -> its store (stages/train_async.py)
@@ -42,6 +43,7 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         self.published = -1  # the newest version actor rank 0 has been asked to publish
         self.pending_publish: GroupFuture | None = None  # actor.sync_weight_no_wait: collected one step later
         self.launch_log: list[tuple[int, int]] = []  # (batch, actor version when it was queued): for tests
+        self.pending_drains: list[GroupFuture] = []  # env / rollout trace drains queued behind batches
 
     # --- weights ------------------------------------------------------------------------------------------------------
 
@@ -74,12 +76,15 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         return interval > 0 and (step % interval == 0 or step == self.max_steps)
 
     def may_launch(self, batch: int) -> bool:
-        """AReaL's bound (batch <= actor version + staleness_threshold), within the run, not across a checkpoint."""
-        return (batch < self.max_steps and batch <= self.global_step + self.staleness_threshold
+        """Queue batch b once b <= actor version + staleness_threshold + 1, within the run, not across a checkpoint.
+        AReaL's bound (b <= version + threshold) is the rollout's to keep: b's first call waits for version b -
+        threshold. Queued one version early, the batch starts the moment actor rank 0 stamps that version, instead
+        of after the driver has seen the publish return and queued it (RLinf's rollout blocks in wait_if_stale)."""
+        return (batch < self.max_steps and batch <= self.global_step + self.staleness_threshold + 1
                 and not any(self._saves_at(g) for g in range(self.global_step + 1, batch + 1)))
 
     def launch_rollouts(self) -> None:
-        """Queue every batch the bound allows; the calls return at once, the workers run them in order."""
+        """Queue every batch may_launch allows; the calls return at once, the workers run them in order."""
         while self.may_launch(self.next_batch):
             b = self.next_batch
             load = self.rollout.load_newest_weights(max(b - self.staleness_threshold, 0))
@@ -120,6 +125,16 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
             with self.timer("update_rollout_weights"):
                 metrics |= self.publish_weights()  # the next batch to start reads it
         return metrics | self.timings
+
+    def drain_worker_spans(self) -> list:
+        """The env's and rollout's drains queue behind their batches in flight: waiting for them would hold the
+        driver until the next batch's rollout ends, and the update could not overlap it. So they are queued each
+        step and read once done (a later step's gather; the run's last step, with no batch in flight, waits for
+        them): a step's trace metrics may miss env / rollout spans that are still in flight."""
+        self.pending_drains += [self.env.trace_drain(), self.rollout.trace_drain()]
+        ready = [f for f in self.pending_drains if f.done() or not self.in_flight]
+        self.pending_drains = [f for f in self.pending_drains if f not in ready]
+        return [s for f in [self.actor.trace_drain(), *ready] for per_rank in f.wait() for s in per_rank]
 
     def trace_title(self) -> str:
         return f"rlinf_mini async PPO, staleness_threshold={self.staleness_threshold}"
