@@ -35,6 +35,10 @@ CASES = {  # name: (config, seed, max_epochs, overrides)
     "reach_s2_obs_floor": ("metaworld_reach", 2, 40, ["actor.model.obs_norm_min_std=0.02",
                                                       "runner.val_check_interval=40"]),
     # the seeds that pass with the config: does the override cost them anything?
+    "push_s0_obs_floor": ("metaworld_push", 0, 161, ["actor.model.obs_norm_min_std=0.02",
+                                                     "runner.val_check_interval=80"]),
+    "push_s2_obs_floor": ("metaworld_push", 2, 161, ["actor.model.obs_norm_min_std=0.02",
+                                                     "runner.val_check_interval=80"]),
     "reach_s0_no_obs_norm": ("metaworld_reach", 0, 40, ["actor.model.normalize_obs=false",
                                                         "runner.val_check_interval=40"]),
     "reach_s1_no_obs_norm": ("metaworld_reach", 1, 40, ["actor.model.normalize_obs=false",
