@@ -137,6 +137,14 @@ def _leaves(tree) -> list[torch.Tensor]:
 # RLinf's profile_data
 
 
+def all_or_none(given: dict[str, dict], source: str, hint: str) -> bool:
+    """True when every cost in `given` is there, False when none is; one line naming the first missing otherwise."""
+    missing = [k for k, v in given.items() if not v]
+    if missing and len(missing) < len(given):
+        raise ConfigError(f"{source}: profile_data.{missing[0]}: missing; {hint}")
+    return not missing
+
+
 def _points(data: dict[str, float], key: str, source: str) -> dict[int, float]:
     """{"8": 0.01} -> {8: 0.01}; a key that is not a positive int or a cost that is not a number >= 0 is one line."""
     out = {}
@@ -160,12 +168,9 @@ def given_costs(cfg: TrainConfig, work: Workload, num_devices: int, source: str)
     if not actor and pd.actor_cost > 0:
         actor = {work.samples // num_devices: pd.actor_cost}
     given = {"env_profile_data": env, "rollout_profile_data": policy, "actor_profile_data (or actor_cost)": actor}
-    if not any(given.values()):
+    if not all_or_none(given, source, "give the env's, the rollout's and the actor's costs, or none of them to "
+                       "profile all three"):
         return None
-    missing = [k for k, v in given.items() if not v]
-    if missing:
-        raise ConfigError(f"{source}: profile_data.{missing[0]}: missing; give the env's, the rollout's and the "
-                          "actor's costs, or none of them to profile all three")
     return Costs(Affine.of(env), Affine.of(policy), Affine.of(actor),
                  env_wait_s=cfg.env.train.step_latency_s * cfg.actor.model.num_action_chunks,
                  policy_wait_s=cfg.rollout.policy_latency_s, hop_s=max(pd.hop_s, 0.0), fixed_s=max(pd.fixed_s, 0.0))

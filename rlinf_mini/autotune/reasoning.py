@@ -246,7 +246,7 @@ def given_costs(cfg: TrainConfig, num_devices: int, source: str) -> ReasoningCos
     of G (at the config's chunk, all devices generating) and A (N / D responses a rank), proportional to the batch.
     rollout_profile_data (responses per chunk -> seconds) and actor_profile_data (responses per rank -> seconds)
     give curves instead. The reward is not in RLinf's search: 0 here."""
-    from rlinf_mini.autotune.profile import _points
+    from rlinf_mini.autotune.profile import _points, all_or_none
 
     pd, work = cfg.profile_data, workload(cfg)
     generate = _points(pd.rollout_profile_data, "rollout_profile_data", source)
@@ -257,12 +257,8 @@ def given_costs(cfg: TrainConfig, num_devices: int, source: str) -> ReasoningCos
     if not actor and pd.actor_cost + pd.inference_cost > 0:
         actor = {work.responses // num_devices: pd.actor_cost + pd.inference_cost}
     given = {"rollout_cost (or rollout_profile_data)": generate, "actor_cost (or actor_profile_data)": actor}
-    if not any(given.values()):
+    if not all_or_none(given, source, "give the rollout's and the actor's costs, or neither to profile both"):
         return None
-    missing = [k for k, v in given.items() if not v]
-    if missing:
-        raise ConfigError(f"{source}: profile_data.{missing[0]}: missing; give the rollout's and the actor's costs, "
-                          "or neither to profile both")
     return ReasoningCosts(Affine.of(generate), Affine.of({1: 0.0}), Affine.of(actor), hop_s=max(pd.hop_s, 0.0),
                           fixed_s=max(pd.fixed_s, 0.0))
 
