@@ -392,3 +392,17 @@ def test_reasoning_bad_input_is_one_line(argv, key, capsys):
     assert main(["--config", MATH, *argv, "--no-progress-bar"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and key in err, err
+
+
+def test_profile_data_given_in_part_is_one_line_naming_the_missing_cost_in_both_halves():
+    from rlinf_mini.autotune import profile
+    from rlinf_mini.autotune.__main__ import workload
+
+    cfg = load_config(["--config", CONFIG, "profile_data.env_profile_data={16: 0.001}"])
+    with pytest.raises(ConfigError, match=r"profile_data\.rollout_profile_data: missing; give the env's"):
+        profile.given_costs(cfg, workload(cfg), 2, CONFIG)
+    assert profile.given_costs(load_config(["--config", CONFIG]), workload(cfg), 2, CONFIG) is None  # none: profile
+    cfg = load_config(["--config", MATH, "profile_data.rollout_cost=0.1"])
+    with pytest.raises(ConfigError, match=r"profile_data\.actor_cost \(or actor_profile_data\): missing; give the"):
+        reasoning.given_costs(cfg, 2, MATH)
+    assert reasoning.given_costs(load_config(["--config", MATH]), 2, MATH) is None
