@@ -43,6 +43,21 @@ CASES = {  # name: (config, seed, max_epochs, overrides)
                                                         "runner.val_check_interval=40"]),
     "reach_s1_no_obs_norm": ("metaworld_reach", 1, 40, ["actor.model.normalize_obs=false",
                                                         "runner.val_check_interval=40"]),
+    # more gradient steps per sample (SB3's default minibatch of 64: 320 optimizer steps per 2,048 samples against
+    # the config's 80), the shaped reward as a change since the last step (RLinf's use_rel_reward: caging the puck and
+    # staying there then earns nothing), and that with the observation floor
+    "reach_s2_gbs64": ("metaworld_reach", 2, 40, ["actor.global_batch_size=64", "actor.micro_batch_size=32",
+                                                  "runner.val_check_interval=40"]),
+    "push_s1_gbs64": ("metaworld_push", 1, 161, ["actor.global_batch_size=64", "actor.micro_batch_size=32",
+                                                 "runner.val_check_interval=40"]),
+    "reach_s0_rel": ("metaworld_reach", 0, 40, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
+    "reach_s1_rel": ("metaworld_reach", 1, 40, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
+    "reach_s2_rel": ("metaworld_reach", 2, 40, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
+    "push_s1_rel": ("metaworld_push", 1, 161, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
+    "push_s2_rel": ("metaworld_push", 2, 161, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
+    "push_s1_relfloor": ("metaworld_push", 1, 161, ["env.train.use_rel_reward=true",
+                                                    "actor.model.obs_norm_min_std=0.02",
+                                                    "runner.val_check_interval=40"]),
 }
 
 
