@@ -98,6 +98,8 @@ RECIPES = [
     Recipe("metaworld_push", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
     Recipe("metaworld_mt10", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),), seeds=1,
            note="one seed: a run is ~15 minutes on 2 cores; per-task success in docs/metaworld.md"),
+    Recipe("metaworld_reach_vla", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),), seeds=1,
+           note="the tiny VLA from pixels: its one run is benchmarks/metaworld_vla.json (docs/metaworld.md)"),
     Recipe("math"),
     Recipe("math_kl"),
     Recipe("math_dapo", overrides=(PASS_AT_4,)),

@@ -168,3 +168,30 @@ def test_render_shadows_false_turns_off_every_lights_shadow_and_only_that():
     assert lit.shape == flat.shape == (2, 3, 16, 16) and lit.dtype == flat.dtype == torch.uint8
     assert not torch.equal(lit, flat)  # the same scene, drawn without shadows
     assert (lit.float() - flat.float()).abs().mean() < 32  # ... and nothing else: the view and the objects stay
+
+
+def test_the_tiny_vla_config_reads_pixels_and_the_instruction_and_trains(tmp_path):
+    """configs/metaworld_reach_vla.yaml, shrunk by key=value only to 2 sub-envs x 10 env steps (2 chunks of 5): the
+    tiny VLA is built for its 64x64 frames and the 4-dim hand state, trains 2 steps and is evaluated."""
+    import json
+    from pathlib import Path
+
+    from rlinf_mini.config import load_config
+    from rlinf_mini.train import RunPlan, build_and_run
+
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "metaworld_reach_vla.yaml")
+    small = [f"runner.logger.log_path={tmp_path / 'results'}", f"actor.model.model_path={tmp_path / 'tiny_vla'}",
+             "runner.logger.logger_backends=[]", "runner.progress_bar=false", "runner.max_epochs=2",
+             "runner.val_check_interval=2", "env.train.total_num_envs=2", "env.train.max_steps_per_rollout_epoch=10",
+             "env.eval.total_num_envs=2", "env.eval.max_steps_per_rollout_epoch=10", "env.eval.max_episode_steps=10",
+             "actor.global_batch_size=4", "actor.micro_batch_size=2"]
+    cfg = load_config(["--config", config, *small])
+    assert cfg.actor.model.model_type == "tiny_vla" and not cfg.env.train.init_params.render_shadows
+    spec = get_env_spec(cfg.env.train, "env.train")
+    assert (spec.image_shape, spec.obs_dim, spec.action_dim) == ((3, 64, 64), 4, 4)
+    history = build_and_run(cfg, RunPlan(cfg, config))
+    assert [h["step"] for h in history if "train/actor/policy_loss" in h] == [1, 2]
+    assert [(h["step"], h["eval/num_episodes"]) for h in history if "eval/num_episodes" in h] == [(0, 2.0), (2, 2.0)]
+    made = json.loads((tmp_path / "tiny_vla" / "config.json").read_text())  # the model the run made for its env
+    assert (made["image_size"], made["patch_size"], made["state_dim"], made["action_dim"],
+            made["num_action_chunks"]) == (64, 8, 4, 4, 5)

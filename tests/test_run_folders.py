@@ -24,7 +24,8 @@ from rlinf_mini.train import main
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 SIMULATORS = {"embodied_mujoco": "mujoco", "embodied_maniskill": "mani_skill", "metaworld_reach": "metaworld",
-              "metaworld_push": "metaworld", "metaworld_mt10": "metaworld"}  # optional extras (test_simulators)
+              "metaworld_push": "metaworld", "metaworld_mt10": "metaworld",
+              "metaworld_reach_vla": "metaworld"}  # optional extras (test_simulators)
 
 
 @pytest.mark.parametrize("config", [*CONFIGS, None], ids=[*(c.stem for c in CONFIGS), "defaults"])
