@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import statistics
 import tempfile
 import time
@@ -105,11 +106,12 @@ DEFAULT_KNOBS = {CONFIG: Knobs(0.010, 0.005, 0.600), METAWORLD: Knobs(0.002, 0.0
 
 
 def learning_run(staleness: int | None, seed: int, recompute: bool = False, config: str = CONFIG,
-                 knobs: Knobs | None = None) -> dict:
+                 knobs: Knobs | None = None, extra: tuple[str, ...] = ()) -> dict:
     """`config` as shipped (plus the latency knobs, if given), seed k added to actor.seed and env.train.seed: its
     eval success_once by step, and the seconds until the first eval >= 0.9: `seconds_to_0.9` the time/step and
     time/eval timers summed; `wall_to_0.9` the driver's clock from the step-0 eval's line to that eval's line (what
-    the timers leave out, e.g. a group call between steps that waits behind a batch in flight, counts here)."""
+    the timers leave out, e.g. a group call between steps that waits behind a batch in flight, counts here).
+    `extra`: more flags for every run (e.g. a longer budget: --runner.max-epochs 100)."""
     from rlinf_mini.config import load_config
     from rlinf_mini.runners.base import Runner
     from rlinf_mini.train import RunPlan, build_and_run
@@ -124,7 +126,7 @@ def learning_run(staleness: int | None, seed: int, recompute: bool = False, conf
     with tempfile.TemporaryDirectory(prefix="bench_async_eff_") as log_path:
         argv = ["--config", config, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
                 "--runner.no-progress-bar", "--runner.log-interval", "1000", "--actor.seed", str(1234 + seed),
-                "--env.train.seed", str(seed)] + (knobs.argv() if knobs else [])
+                "--env.train.seed", str(seed)] + (knobs.argv() if knobs else []) + list(extra)
         if staleness is not None:
             argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
                      str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
@@ -149,13 +151,14 @@ RUNS = {"sync": (None, False), "s1": (1, False), "s2": (2, False), "s1r": (1, Tr
 
 
 def efficiency(seeds: int, names: list[str], config: str = CONFIG, knobs: Knobs | None = None, first_seed: int = 0,
-               done=lambda result: None) -> dict:
+               done=lambda result: None, extra: tuple[str, ...] = ()) -> dict:
     """The runs `names` (sync, s1, s2: interpolated anchor; s1r, s2r: recomputed) over `seeds` seeds from
     `first_seed`, one at a time, the runs in turn per seed; `done(result so far)` after each run."""
     result: dict = {}
     for k in range(first_seed, first_seed + seeds):
         for name in names:
-            result.setdefault(f"seed {k}", {})[name] = learning_run(RUNS[name][0], k, RUNS[name][1], config, knobs)
+            staleness, recompute = RUNS[name]
+            result.setdefault(f"seed {k}", {})[name] = learning_run(staleness, k, recompute, config, knobs, extra)
             done(result)
     return result
 
@@ -198,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="sync,s1,s2,s1r,s2r",
                         help="--efficiency: which runs (sync, s1, s2; s1r, s2r: the recomputed anchor)")
     parser.add_argument("--first-seed", type=int, default=0, help="--efficiency: seeds from this one")
+    parser.add_argument("--flags", default="", metavar="'FLAG VALUE ...'",
+                        help="--efficiency: more flags for every run, e.g. '--runner.max-epochs 100'")
     args = parser.parse_args(argv)
     if args.efficiency:
         config = METAWORLD if args.metaworld else CONFIG
@@ -208,14 +213,16 @@ def main(argv: list[str] | None = None) -> int:
             ("_knobs" if knobs else "") + ".json"
         out = ROOT / default if args.out == parser.get_default("out") else args.out
         load_before = os.getloadavg()
+        extra = tuple(shlex.split(args.flags))
 
         def write(result: dict, final: bool = False) -> None:  # after every run: a long run's figures are kept
             table = summary(result) if final else None
             out.write_text(json.dumps({"load_avg_before": load_before, "load_avg": os.getloadavg(), "config": config,
+                                       "extra_flags": list(extra),
                                        "knobs": dataclasses.asdict(knobs) if knobs else None, "complete": final,
                                        "summary": table, "runs": result}, indent=1) + "\n")
 
-        result = efficiency(args.efficiency, args.runs.split(","), config, knobs, args.first_seed, write)
+        result = efficiency(args.efficiency, args.runs.split(","), config, knobs, args.first_seed, write, extra)
         for seed, runs in result.items():
             for name, r in runs.items():
                 print(f"{seed} {name:4s} to 0.9: {r['seconds_to_0.9']} s, final {r['final']:.2f}, evals {r['evals']}")
