@@ -16,9 +16,9 @@ Queues (`Channel` keys):  Rollout channel ("train"|"eval", env rank, stage) carr
 forward_inputs (images, token ids, action tokens), which the env stores in the trajectory in place of the raw obs.
 When episodes ended by truncation in the chunk, the obs message also carries their final_obs (algorithm.bootstrap_type)
 and the reply its bootstrap_values [B]: those episodes' last rewards gain gamma * V(final obs).
-After T = max_steps_per_rollout_epoch / C chunk steps the rollout infers once more for the bootstrap values, so a
-trajectory holds values [T+1, B]. At the end of the rollout epoch(s) the env cuts its trajectories into pieces, one
-per actor share, and puts them on the Actor channel.
+After T = max_steps_per_rollout_epoch / C chunk steps the rollout infers the values once more (the value head alone),
+so a trajectory holds values [T+1, B]. At the end of the rollout epoch(s) the env cuts its trajectories into pieces,
+one per actor share, and puts them on the Actor channel.
 
 Randomness: the action noise of env `e` at sample step `s` is `counter_uniform(seed, e, s)`, a function of the env id
 and the step only, so pipelined and unpipelined rollouts (or 1 and 2 env ranks) produce identical trajectories.
