@@ -293,7 +293,7 @@ class RolloutWorker(Worker):
         reads only the values of: the value head alone (predict_values, predict_action_batch's values bitwise)."""
         if self.receiver.version < 0:
             raise RuntimeError("rollout has no weights yet: call sync_model_from_actor first")
-        seed, latency, precision = self.cfg.actor.seed, self.cfg.rollout.policy_latency_s, self.cfg.rollout.model
+        seed, latency, rollout = self.cfg.actor.seed, self.cfg.rollout.policy_latency_s, self.cfg.rollout
         producers, model, served = {r: f"{self.cfg.env.group_name} rank {r}" for r in self.env_ranks}, self.model, 0
         with torch.no_grad():
             for t in range(n_steps):
@@ -304,11 +304,12 @@ class RolloutWorker(Worker):
                         with span("wait_obs", stage=k):
                             msg = rollout_channel.get(key=key, expected_from=producers[env_rank])
                         obs = model.prepare_inputs(msg["obs"])  # the VLA tokenizes the instructions here
+                        final = model.prepare_inputs(msg["final_obs"]) if "final_obs" in msg else None  # truncations
                         noise = None if mode != "train" or values_only else counter_uniform(
                             seed, msg["env_ids"], msg["sample_step"], self.noise_width).to(self.device)
-                        with span("inference", stage=k), autocast(precision.precision, self.device):
+                        with span("inference", stage=k), autocast(rollout.model.precision, self.device):
                             out = ({"values": model.predict_values(obs)} if values_only
-                                   else model.predict_action_batch(obs, noise, mode=mode))
+                                   else model.predict_action_batch(obs, noise, mode=mode, bootstrap_obs=final))
                             if latency > 0:  # rollout.policy_latency_s: the wait for a GPU or a server, emulated
                                 time.sleep(latency)
                         reply = {"values": out["values"].float().cpu()}
@@ -318,10 +319,11 @@ class RolloutWorker(Worker):
                                       "logprobs": out["logprobs"].float().cpu(), "version": self.receiver.version}
                         if "forward_inputs" in out and mode == "train":
                             reply["forward_inputs"] = tree_map(lambda t: t.cpu(), out["forward_inputs"])
-                        if "final_obs" in msg:  # episodes that ended by truncation: V(final obs) [B], values only
-                            with span("bootstrap_value", stage=k), autocast(precision.precision, self.device):
-                                values = model.predict_values(model.prepare_inputs(msg["final_obs"]))
-                            reply["bootstrap_values"] = values.float().cpu()
+                        if final is not None:  # V(final obs) [B]: from the action call, or its own at the last step
+                            if values_only:
+                                with span("bootstrap_value", stage=k), autocast(rollout.model.precision, self.device):
+                                    out["bootstrap_values"] = model.predict_values(final)
+                            reply["bootstrap_values"] = out["bootstrap_values"].float().cpu()
                         env_channel.put(reply, key=key)
                         served += len(msg["env_ids"])
         return served

@@ -139,6 +139,30 @@ def test_the_rollout_s_bootstrap_values_are_predict_action_batch_s_values():
             assert want.abs().sum() > 0 and torch.equal(policy.predict_values(inputs), want)
 
 
+def test_values_asked_with_an_action_call_are_the_values_of_separate_calls():
+    """A message with truncated episodes' final obs: the rollout asks the action call for their values too
+    (bootstrap_obs; the MLP runs its value head once over both batches). Oracle: predict_action_batch without them
+    (same actions, logprobs and values) and predict_values of the final obs alone, bitwise, for both policies."""
+    from test_vla import _inputs, small_vla
+
+    from rlinf_mini.models import MLPPolicy
+    from rlinf_mini.utils.seeding import counter_uniform
+
+    mlp = MLPPolicy(obs_dim=4, action_dim=2, discrete=False).eval()
+    vla = small_vla().eval()
+    with torch.no_grad():
+        for policy, inputs, final in ((mlp, torch.randn(16, 4), torch.randn(16, 4)),
+                                      (vla, _inputs(vla), _inputs(vla, seed=1))):
+            for mode in ("train", "eval"):
+                noise = counter_uniform(7, torch.arange(16), 3, policy.noise_width)
+                alone = policy.predict_action_batch(inputs, noise, mode=mode)
+                both = policy.predict_action_batch(inputs, noise, mode=mode, bootstrap_obs=final)
+                for key in ("actions", "logprobs", "values"):
+                    assert torch.equal(both[key], alone[key]), (type(policy).__name__, mode, key)
+                want = policy.predict_values(final)
+                assert not torch.equal(want, alone["values"]) and torch.equal(both["bootstrap_values"], want)
+
+
 def test_the_last_values_row_is_predict_action_batch_s_values_of_the_last_observation(tmp_path):
     """After T chunk steps the rollout replies with the value head alone (predict_values, no noise, no actions):
     the trajectory's values[T] must be what predict_action_batch, with that step's noise, gives for the observation
