@@ -391,8 +391,9 @@ LOOP_REPS = 5  # timed passes of the plain loop per round (their median)
 
 def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1, bootstrap: bool = True) -> float:
     """One process, one thread: the same envs, the same policy, the same noise, env.chunk_step after each
-    predict_action_batch, and (`bootstrap`, as the rollout does under algorithm.bootstrap_type) predict_values of the
-    final obs a chunk step kept: what the rollout phase would cost with no runtime at all.
+    predict_action_batch, and (`bootstrap`, as the rollout does under algorithm.bootstrap_type) the value of the
+    final obs a chunk step kept, asked of the next action call as the rollout asks it (bootstrap_obs): what the
+    rollout phase would cost with no runtime at all.
 
     batches: the envs split into this many vector envs of consecutive ids, stepped one after the other. With the
     runner's split (env ranks x pipeline stages) the loop makes exactly the runner's calls, so the ratio is the
@@ -420,6 +421,7 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1, bootstra
     for env in envs:
         env.final_obs_of = final_obs_of(cfg) if bootstrap else "none"
     obs = [env.reset() for env in envs]
+    finals = [None] * batches  # the final obs batch the last chunk step of batch b kept, or None
 
     def loop_seconds(steps: int) -> float:
         start = time.perf_counter()
@@ -427,10 +429,10 @@ def plain_loop_steps_per_s(config: str, n_steps: int, batches: int = 1, bootstra
             for t in range(steps):
                 for b, env in enumerate(envs):
                     noise = counter_uniform(cfg.actor.seed, env.env_ids, t, policy.noise_width)
-                    out = policy.predict_action_batch(policy.prepare_inputs(obs[b]), noise)
+                    final = None if finals[b] is None else policy.prepare_inputs(finals[b])
+                    out = policy.predict_action_batch(policy.prepare_inputs(obs[b]), noise, bootstrap_obs=final)
                     obs[b], *_ = env.chunk_step(out["actions"])
-                    if env.final_obs is not None:
-                        policy.predict_values(policy.prepare_inputs(env.final_obs[1]))
+                    finals[b] = None if env.final_obs is None else env.final_obs[1]
         return time.perf_counter() - start
 
     # as the runner's figure: a warm-up (first calls allocate), then the median of repetitions (one pass of a few ms

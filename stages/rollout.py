@@ -16,9 +16,9 @@ Queues (`Channel` keys):  Rollout channel ("train"|"eval", env rank, stage) carr
 forward_inputs (images, token ids, action tokens), which the env stores in the trajectory in place of the raw obs.
 When episodes ended by truncation in the chunk, the obs message also carries their final_obs (algorithm.bootstrap_type)
 and the reply its bootstrap_values [B]: those episodes' last rewards gain gamma * V(final obs).
-After T = max_steps_per_rollout_epoch / C chunk steps the rollout infers once more for the bootstrap values, so a
-trajectory holds values [T+1, B]. At the end of the rollout epoch(s) the env cuts its trajectories into pieces, one
-per actor share, and puts them on the Actor channel.
+After T = max_steps_per_rollout_epoch / C chunk steps the rollout infers the values once more (the value head alone),
+so a trajectory holds values [T+1, B]. At the end of the rollout epoch(s) the env cuts its trajectories into pieces,
+one per actor share, and puts them on the Actor channel.
 
 Randomness: the action noise of env `e` at sample step `s` is `counter_uniform(seed, e, s)`, a function of the env id
 and the step only, so pipelined and unpipelined rollouts (or 1 and 2 env ranks) produce identical trajectories.
@@ -50,7 +50,7 @@ from rlinf_mini.scheduler.worker import Worker
 from rlinf_mini.utils.precision import autocast
 from rlinf_mini.utils.running_stats import ReturnScaler
 from rlinf_mini.utils.seeding import counter_uniform
-from rlinf_mini.utils.tensor_tree import tree_cat, tree_map, tree_stack
+from rlinf_mini.utils.tensor_tree import tree_cat_split, tree_map, tree_stack
 from stages.placement import actor_pieces, env_ranks_of_rollout
 from stages.sync import WeightBufferHandle, make_weight_receiver
 
@@ -180,7 +180,7 @@ class EnvWorker(Worker):
         """Collect `rollout_epoch` epochs of trajectories and hand them to the actor ranks; returns env metrics."""
         train = self.cfg.env.train
         n_steps = train.max_steps_per_rollout_epoch // self.chunks
-        epochs, all_stats = [], []
+        blocks, all_stats = [], []
         for epoch in range(train.rollout_epoch):
             if not train.auto_reset:
                 self.last_obs = [env.reset() for env in self.train_envs]
@@ -188,16 +188,13 @@ class EnvWorker(Worker):
             trajs, stats = self._run_epoch("train", self.train_envs, self.last_obs, n_steps, sample_base,
                                            rollout_channel, env_channel, record=True,
                                            scalers=self.return_scalers)
-            # [T(+1), B_stage, ...] per stage -> [T(+1), B_rank, ...]: stages side by side, in env-id order
-            epochs.append({name: tree_cat([tr[name] for tr in trajs], dim=1) for name in TRAJECTORY_KEYS})
+            blocks += trajs  # [T(+1), B_stage, ...] per stage; side by side (epoch, then stage): the rank's batch
             all_stats.append(stats)
-        batch = {name: tree_cat([e[name] for e in epochs], dim=1) for name in TRAJECTORY_KEYS}
         per_env_rank, _ = actor_pieces(self._world_size, self.world_sizes["actor"])
-        width = batch["rewards"].shape[1] // per_env_rank
+        pieces = {name: tree_cat_split([tr[name] for tr in blocks], per_env_rank) for name in TRAJECTORY_KEYS}
         for q in range(per_env_rank):  # piece p of the global batch goes to actor rank p // pieces_per_actor
-            cols = slice(q * width, (q + 1) * width)
-            piece = {name: tree_map(lambda t, c=cols: t[:, c].contiguous(), v) for name, v in batch.items()}
-            actor_channel.put(piece, key=("traj", self._rank * per_env_rank + q))
+            actor_channel.put({name: pieces[name][q] for name in TRAJECTORY_KEYS},
+                              key=("traj", self._rank * per_env_rank + q))
         names = dict.fromkeys(name for s in all_stats for name in s)  # an epoch may lack a task's key
         stats = {name: torch.cat([s[name] for s in all_stats if name in s]) for name in names}
         n = len(stats["return"])
@@ -209,7 +206,7 @@ class EnvWorker(Worker):
             "env/success_once": stats["success_once"].mean().item() if n else float("nan"),
             **({"env/success_at_end": stats["success_at_end"].mean().item() if n else float("nan")}
                if "success_at_end" in stats else {}),
-            "env/reward": batch["rewards"].mean().item(),
+            "env/reward": torch.cat([tr["rewards"] for tr in blocks], dim=1).mean().item(),
             "env/return_last20": (sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns
                                   else float("nan")),
             **{f"env/{name}": v.mean().item() for name, v in stats.items() if name.startswith("success_once/")},
@@ -292,38 +289,41 @@ class RolloutWorker(Worker):
         return self.receiver.load_newest(self.model, min_version, timeout=self.cfg.cluster.timeout_s)
 
     def _serve(self, mode: str, n_steps: int, rollout_channel: Channel, env_channel: Channel) -> int:
+        """n_steps chunk steps of every stage. In train mode the last is the bootstrap step, whose reply the env
+        reads only the values of: the value head alone (predict_values, predict_action_batch's values bitwise)."""
         if self.receiver.version < 0:
             raise RuntimeError("rollout has no weights yet: call sync_model_from_actor first")
-        seed, latency = self.cfg.actor.seed, self.cfg.rollout.policy_latency_s
-        served = 0
+        seed, latency, rollout = self.cfg.actor.seed, self.cfg.rollout.policy_latency_s, self.cfg.rollout
+        producers, model, served = {r: f"{self.cfg.env.group_name} rank {r}" for r in self.env_ranks}, self.model, 0
         with torch.no_grad():
-            for _ in range(n_steps):
+            for t in range(n_steps):
+                values_only = mode == "train" and t == n_steps - 1
                 for k in range(self.stage_num):
                     for env_rank in self.env_ranks:
                         key = (mode, env_rank, k)
-                        producer = f"{self.cfg.env.group_name} rank {env_rank}"
                         with span("wait_obs", stage=k):
-                            msg = rollout_channel.get(key=key, expected_from=producer)
-                        obs = self.model.prepare_inputs(msg["obs"])  # the VLA tokenizes the instructions here
-                        noise = None
-                        if mode == "train":
-                            noise = counter_uniform(seed, msg["env_ids"], msg["sample_step"], self.noise_width)
-                            noise = noise.to(self.device)
-                        with span("inference", stage=k), autocast(self.cfg.rollout.model.precision, self.device):
-                            out = self.model.predict_action_batch(obs, noise, mode=mode)
+                            msg = rollout_channel.get(key=key, expected_from=producers[env_rank])
+                        obs = model.prepare_inputs(msg["obs"])  # the VLA tokenizes the instructions here
+                        final = model.prepare_inputs(msg["final_obs"]) if "final_obs" in msg else None  # truncations
+                        noise = None if mode != "train" or values_only else counter_uniform(
+                            seed, msg["env_ids"], msg["sample_step"], self.noise_width).to(self.device)
+                        with span("inference", stage=k), autocast(rollout.model.precision, self.device):
+                            out = ({"values": model.predict_values(obs)} if values_only
+                                   else model.predict_action_batch(obs, noise, mode=mode, bootstrap_obs=final))
                             if latency > 0:  # rollout.policy_latency_s: the wait for a GPU or a server, emulated
                                 time.sleep(latency)
-                        actions = out["actions"]  # bf16 autocast may make float actions bf16: fp32 for the env
-                        actions = actions.float() if actions.is_floating_point() else actions
-                        reply = {"actions": actions.cpu(), "logprobs": out["logprobs"].float().cpu(),
-                                 "values": out["values"].float().cpu(), "version": self.receiver.version}
+                        reply = {"values": out["values"].float().cpu()}
+                        if not values_only:  # bf16 autocast may make float actions bf16: fp32 for the env
+                            actions = out["actions"]
+                            reply |= {"actions": (actions.float() if actions.is_floating_point() else actions).cpu(),
+                                      "logprobs": out["logprobs"].float().cpu(), "version": self.receiver.version}
                         if "forward_inputs" in out and mode == "train":
                             reply["forward_inputs"] = tree_map(lambda t: t.cpu(), out["forward_inputs"])
-                        if "final_obs" in msg:  # episodes that ended by truncation: V(final obs) [B], values only
-                            with span("bootstrap_value", stage=k), autocast(self.cfg.rollout.model.precision,
-                                                                            self.device):
-                                values = self.model.predict_values(self.model.prepare_inputs(msg["final_obs"]))
-                            reply["bootstrap_values"] = values.float().cpu()
+                        if final is not None:  # V(final obs) [B]: from the action call, or its own at the last step
+                            if values_only:
+                                with span("bootstrap_value", stage=k), autocast(rollout.model.precision, self.device):
+                                    out["bootstrap_values"] = model.predict_values(final)
+                            reply["bootstrap_values"] = out["bootstrap_values"].float().cpu()
                         env_channel.put(reply, key=key)
                         served += len(msg["env_ids"])
         return served

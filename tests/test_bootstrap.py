@@ -137,3 +137,55 @@ def test_the_rollout_s_bootstrap_values_are_predict_action_batch_s_values():
         for policy, inputs in ((mlp, obs), (vla, _inputs(vla))):
             want = policy.predict_action_batch(inputs, None, mode="eval")["values"]
             assert want.abs().sum() > 0 and torch.equal(policy.predict_values(inputs), want)
+
+
+def test_values_asked_with_an_action_call_are_the_values_of_separate_calls():
+    """A message with truncated episodes' final obs: the rollout asks the action call for their values too
+    (bootstrap_obs; the MLP runs its value head once over both batches). Oracle: predict_action_batch without them
+    (same actions, logprobs and values) and predict_values of the final obs alone, bitwise, for both policies."""
+    from test_vla import _inputs, small_vla
+
+    from rlinf_mini.models import MLPPolicy
+    from rlinf_mini.utils.seeding import counter_uniform
+
+    mlp = MLPPolicy(obs_dim=4, action_dim=2, discrete=False).eval()
+    vla = small_vla().eval()
+    with torch.no_grad():
+        for policy, inputs, final in ((mlp, torch.randn(16, 4), torch.randn(16, 4)),
+                                      (vla, _inputs(vla), _inputs(vla, seed=1))):
+            for mode in ("train", "eval"):
+                noise = counter_uniform(7, torch.arange(16), 3, policy.noise_width)
+                alone = policy.predict_action_batch(inputs, noise, mode=mode)
+                both = policy.predict_action_batch(inputs, noise, mode=mode, bootstrap_obs=final)
+                for key in ("actions", "logprobs", "values"):
+                    assert torch.equal(both[key], alone[key]), (type(policy).__name__, mode, key)
+                want = policy.predict_values(final)
+                assert not torch.equal(want, alone["values"]) and torch.equal(both["bootstrap_values"], want)
+
+
+def test_the_last_values_row_is_predict_action_batch_s_values_of_the_last_observation(tmp_path):
+    """After T chunk steps the rollout replies with the value head alone (predict_values, no noise, no actions):
+    the trajectory's values[T] must be what predict_action_batch, with that step's noise, gives for the observation
+    the env reached. Oracle: the same env stepped with the trajectory's own actions (a plain loop)."""
+    from rlinf_mini.utils.seeding import counter_uniform
+
+    batches, _, rollout_weights, _ = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 2,
+                                             cluster=INLINE, **SHORT)
+    batch = batches[0][0]  # one env rank, one actor rank: columns are env ids 0..15
+    (tmp_path / "ref").mkdir()
+    cfg, _ = small_cfg(tmp_path / "ref", None, None, None, **SHORT)
+    ids = torch.arange(16)
+    env = make_env(cfg.env.train, ids, 1)
+    policy = build_policy(cfg.actor.model, env.spec.obs_dim, env.spec.action_dim, False).eval()
+    policy.load_state_dict(rollout_weights[0])  # the weights that produced the batch (version 0)
+    obs = env.reset()
+    T = batch["actions"].shape[0]
+    for t in range(T):
+        assert torch.equal(batch["obs"][t], obs)  # the replay is the rollout's own
+        obs, *_ = env.chunk_step(batch["actions"][t])
+    noise = counter_uniform(cfg.actor.seed, ids, T, policy.noise_width)  # sample step T of the first epoch
+    with torch.no_grad():
+        want = policy.predict_action_batch(obs, noise)["values"]
+    assert batch["values"].shape[0] == T + 1 and want.abs().sum() > 0
+    assert torch.equal(batch["values"][T], want)
+    env.close()

@@ -130,6 +130,25 @@ def cat_ranks(per_rank: list[dict]) -> dict:
     return {k: torch.cat([b[k] for b in per_rank], dim=1) for k in per_rank[0]}
 
 
+def test_a_batch_cut_from_its_blocks_is_the_cut_of_their_cat():
+    """The env rank's pieces for the actor (tree_cat_split): the same as concatenating its stages' blocks and
+    slicing, for pieces that are whole blocks (then the block itself, no copy), lie inside one, or span two."""
+    from rlinf_mini.utils.tensor_tree import tree_cat, tree_cat_split
+
+    blocks = [{"images": torch.randn(3, w, 2), "ids": torch.arange(3 * w).view(3, w)} for w in (4, 4, 4, 4)]
+    for n in (1, 2, 4, 8, 16):  # pieces of 16, 8, 4 (whole blocks), 2 and 1 columns
+        whole, width = tree_cat(blocks, dim=1), 16 // n
+        pieces = tree_cat_split(blocks, n)
+        assert len(pieces) == n
+        for q, piece in enumerate(pieces):
+            for k in whole:
+                assert torch.equal(piece[k], whole[k][:, q * width:(q + 1) * width]), (n, q, k)
+    assert tree_cat_split(blocks, 4)[2]["images"] is blocks[2]["images"]
+    tensors = [torch.randn(2, 3), torch.randn(2, 5)]  # a piece across the two blocks
+    assert [torch.equal(p, w) for p, w in zip(tree_cat_split(tensors, 2), torch.cat(tensors, 1).split(4, 1))] == [
+        True, True]
+
+
 def test_pipelined_and_unpipelined_rollouts_give_identical_trajectories_and_weights(tmp_path):
     one_stage = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 1, train_steps=2, cluster=INLINE)
     two_stages = collect(tmp_path, {"env": "0", "rollout": "1", "actor": "0"}, 2, 2, train_steps=2, cluster=INLINE)

@@ -46,6 +46,13 @@ def test_spans_are_well_formed_nested_and_named_by_group_and_rank(tracing):
         assert a[5] <= b[4]  # siblings in order, not overlapping
 
 
+def test_a_span_whose_block_raises_is_recorded_and_the_exception_goes_on(tracing):
+    with pytest.raises(KeyError, match="boom"), tracer.span("env_step", stage=1):
+        raise KeyError("boom")
+    (span,) = tracer.drain()
+    assert span[:4] == ("EnvGroup", 3, "env_step", 1) and span[4] <= span[5]
+
+
 def test_disabled_tracer_records_nothing():
     tracer.drain()  # what an earlier in-process run of this pytest worker left unread
     tracer.enable(False)

@@ -117,10 +117,13 @@ class MLPPolicy(nn.Module):
         """The env's obs [B, obs_dim] is already the model's input (the VLA tokenizes here)."""
         return obs.to(next(self.parameters()).device)
 
-    def predict_action_batch(self, obs: Tensor, noise: Tensor | None, mode: str = "train") -> dict[str, Tensor]:
+    def predict_action_batch(self, obs: Tensor, noise: Tensor | None, mode: str = "train",
+                             bootstrap_obs: Tensor | None = None) -> dict[str, Tensor]:
         """Sample (mode 'train') or pick the most likely (mode 'eval') actions for obs [B, obs_dim].
 
         noise: uniforms in (0, 1), [B, C*A] (Box) or [B, C*n] (Discrete); ignored in eval mode.
+        bootstrap_obs: [B', obs_dim] whose values alone are wanted too (truncated episodes' final obs): the value
+        head runs once over obs and them, and "bootstrap_values" [B'] is predict_values(bootstrap_obs).
         """
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
@@ -139,7 +142,11 @@ class MLPPolicy(nn.Module):
                 std = self.actor_logstd.exp().reshape(self.num_action_chunks, self.action_dim)  # [C, A]
                 actions = out + std * torch.special.ndtri(u)  # [B, C, A]
         logprobs, _ = self._logprob_entropy(out, actions)
-        return {"actions": actions, "logprobs": logprobs, "values": self._values(obs)}
+        if bootstrap_obs is None:
+            return {"actions": actions, "logprobs": logprobs, "values": self._values(obs)}
+        values = self._values(torch.cat([obs, bootstrap_obs]))  # [B + B']: each row's value is its own
+        return {"actions": actions, "logprobs": logprobs, "values": values[:len(obs)],
+                "bootstrap_values": values[len(obs):]}
 
     def predict_values(self, obs: Tensor) -> Tensor:
         """The value head alone, [B], for obs [B, obs_dim]: the bootstrap value of a truncated episode's final obs

@@ -187,9 +187,10 @@ class TinyVLAPolicy(nn.Module):
         entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B, C*A]
         return logprob.sum(-1), entropy.sum(-1)
 
-    def predict_action_batch(self, inputs: dict[str, Tensor], noise: Tensor | None,
-                             mode: str = "train") -> dict[str, Tensor | dict]:
-        """Sample (train, with noise [B, C*A*n_bins] uniforms) or argmax (eval) the action tokens of a chunk."""
+    def predict_action_batch(self, inputs: dict[str, Tensor], noise: Tensor | None, mode: str = "train",
+                             bootstrap_obs: dict[str, Tensor] | None = None) -> dict[str, Tensor | dict]:
+        """Sample (train, with noise [B, C*A*n_bins] uniforms) or argmax (eval) the action tokens of a chunk.
+        bootstrap_obs: inputs whose values alone are wanted too ("bootstrap_values", predict_values' own call)."""
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
         logits, values = self._run(inputs)
@@ -204,8 +205,11 @@ class TinyVLAPolicy(nn.Module):
             tokens = (logits / self.temperature + gumbel).argmax(-1)  # a sample of the tempered categorical
         logprobs, _ = self._logprob_entropy(logits, tokens)
         actions = self.bin_centers[tokens].reshape(-1, self.num_action_chunks, self.action_dim)  # [B, C, A]
-        return {"actions": actions, "logprobs": logprobs, "values": values,
-                "forward_inputs": {**inputs, "action_tokens": tokens}}
+        out = {"actions": actions, "logprobs": logprobs, "values": values,
+               "forward_inputs": {**inputs, "action_tokens": tokens}}
+        if bootstrap_obs is not None:
+            out["bootstrap_values"] = self.predict_values(bootstrap_obs)
+        return out
 
     def predict_values(self, inputs: dict[str, Tensor]) -> Tensor:
         """Values [B] (predict_action_batch's, without the sampling): a truncated episode's bootstrap value."""

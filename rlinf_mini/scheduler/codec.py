@@ -104,6 +104,10 @@ atexit.register(close_process_resources)
 _NUMPY_DTYPES = {torch.uint8: numpy.uint8, torch.int8: numpy.int8, torch.int16: numpy.int16, torch.int32: numpy.int32,
                  torch.int64: numpy.int64, torch.float16: numpy.float16, torch.float32: numpy.float32,
                  torch.float64: numpy.float64, torch.bool: numpy.bool_}
+# A small tensor's dtype travels as numpy's name of it: a short string, where a torch.dtype is a global that pickle
+# writes by module and name and the receiver looks up again, for each tensor of each message.
+_DTYPE_NAMES = {t: numpy.dtype(n).name for t, n in _NUMPY_DTYPES.items()}
+_NAMED_DTYPES = {name: numpy.dtype(name) for name in _DTYPE_NAMES.values()}
 
 
 def _reduce_tensor(obj: torch.Tensor) -> tuple:
@@ -126,7 +130,7 @@ def _reduce_tensor(obj: torch.Tensor) -> tuple:
     if t.dtype in _NUMPY_DTYPES:  # numpy does the byte work: less overhead than torch's
         arr = t.numpy()  # a view; .tobytes() writes C order
         if nbytes < SHM_MIN_BYTES:
-            return _rebuild_array, (arr.tobytes(), t.dtype, arr.shape)
+            return _rebuild_array, (arr.tobytes(), _DTYPE_NAMES[t.dtype], arr.shape)
         if arr.flags.c_contiguous:
             seg = _send_pool.acquire(nbytes)
             numpy.copyto(seg.send_view[:nbytes], arr.reshape(-1).view(numpy.uint8))
@@ -139,9 +143,9 @@ def _reduce_tensor(obj: torch.Tensor) -> tuple:
     return _rebuild_shm, (seg.name, seg.size, t.dtype, tuple(t.shape))
 
 
-def _rebuild_array(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+def _rebuild_array(raw: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     # bytearray: a writable copy, so the tensor is an ordinary writable one (frombuffer over bytes is read-only)
-    return torch.from_numpy(numpy.frombuffer(bytearray(raw), dtype=_NUMPY_DTYPES[dtype]).reshape(shape))
+    return torch.from_numpy(numpy.frombuffer(bytearray(raw), dtype=_NAMED_DTYPES[dtype]).reshape(shape))
 
 
 def _rebuild_bytes(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

@@ -29,6 +29,7 @@ from collections.abc import Hashable
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from rlinf_mini.scheduler import codec
 from rlinf_mini.scheduler.spin_wait import spin_for
 from rlinf_mini.scheduler.tracer import span
 
@@ -254,13 +255,9 @@ class KernelQueues:
 
     def empty(self, shape: tuple[int, ...], dtype) -> Any:
         """A tensor in this process's pool of shared segments, which a put sends by name (Channel.empty)."""
-        from rlinf_mini.scheduler import codec
-
         return codec.lend(shape, dtype, shared=True)
 
     def put(self, key: Hashable, item: Any, deadline: float, check, slice_s: float) -> bool:
-        from rlinf_mini.scheduler import codec
-
         q = self._ends(key)
         msg = codec.frame(item, _MSG_MAX)
         if q.maxsize > 0:  # take a free slot
@@ -278,8 +275,6 @@ class KernelQueues:
         return True
 
     def get(self, key: Hashable, deadline: float, check, slice_s: float) -> tuple[bool, Any]:
-        from rlinf_mini.scheduler import codec
-
         q = self._ends(key)
         msg = self._do(q.data_r.recv, _RECV_BYTES, q.data_r, select.POLLIN, deadline, "wait_get", check, slice_s)
         if msg is None:

@@ -23,12 +23,10 @@ have asked where the pipeline waits). Left out: GPU kernel timelines (use the to
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 Span = tuple[str, int, str, int, int, int]  # (component, rank, name, stage (-1: none), start_ns, end_ns)
@@ -58,18 +56,43 @@ def enabled() -> bool:
     return _enabled
 
 
-@contextlib.contextmanager
-def span(name: str, stage: int = -1, component: str | None = None) -> Iterator[None]:
-    """Record the time spent in the `with` block as span `name` (a no-op when tracing is off)."""
-    if not _enabled:
-        yield
-        return
-    start = time.monotonic_ns()
-    try:
-        yield
-    finally:
+class _Span:
+    """One span being recorded: the clock is read on entry and on exit, and the exit appends the record."""
+
+    __slots__ = ("name", "stage", "component", "start")
+
+    def __init__(self, name: str, stage: int, component: str | None):
+        self.name, self.stage, self.component = name, stage, component
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic_ns()
+
+    def __exit__(self, *exc) -> bool:
+        end = time.monotonic_ns()
         who = getattr(_thread, "who", _who)
-        _spans.append((component or who[0], who[1], name, stage, start, time.monotonic_ns()))
+        _spans.append((self.component or who[0], who[1], self.name, self.stage, self.start, end))
+        return False  # an exception in the block goes on, after its span is recorded
+
+
+class _NoSpan:
+    """What `span` returns while tracing is off: one shared object whose enter and exit do nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+_NO_SPAN = _NoSpan()
+
+
+def span(name: str, stage: int = -1, component: str | None = None) -> _Span | _NoSpan:
+    """Record the time spent in the `with` block as span `name` (a no-op when tracing is off). A class, not a
+    generator-based context manager: it runs around every channel wait and every inference, traced or not."""
+    return _Span(name, stage, component) if _enabled else _NO_SPAN
 
 
 def record(name: str, start_ns: int, end_ns: int) -> None:
