@@ -55,6 +55,8 @@ CASES = {  # name: (config, seed, max_epochs, overrides)
     "reach_s2_rel": ("metaworld_reach", 2, 40, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
     "push_s1_rel": ("metaworld_push", 1, 161, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
     "push_s2_rel": ("metaworld_push", 2, 161, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
+    "push_s0_rel": ("metaworld_push", 0, 161, ["env.train.use_rel_reward=true", "runner.val_check_interval=40"]),
+    "push_s1_rel_250": ("metaworld_push", 1, 250, ["env.train.use_rel_reward=true", "runner.val_check_interval=50"]),
     "push_s1_relfloor": ("metaworld_push", 1, 161, ["env.train.use_rel_reward=true",
                                                     "actor.model.obs_norm_min_std=0.02",
                                                     "runner.val_check_interval=40"]),
