@@ -1,6 +1,6 @@
-"""The failing seeds of the MetaWorld recipe under one override each: push-v3 seed 1 (the config: success 0.00) and
-reach-v3 seed 2 (0.44), and reach's other seeds under the same override; held-out success at each evaluation, the
-first step with training success, wall time, load.
+"""The failing seeds of the MetaWorld recipe (push-v3 seed 1: success 0.00; reach-v3 seed 2: 0.44) under overrides
+(one, or the relative reward with the observation floor), and the other seeds under the same overrides: held-out
+success at each evaluation, the first step with training success, wall time, load.
 
     python -m benchmarks.metaworld_seed_fix                      # ~1 hour on 2 shared cores (runs one at a time)
     python -m benchmarks.metaworld_seed_fix --only push_s1_no_obs_norm --out benchmarks/metaworld_seed_fix.json
@@ -8,7 +8,8 @@ first step with training success, wall time, load.
 
 A run is `python -m rlinf_mini.train --config configs/<config>.yaml` with seed k set as benchmarks/healthy_runs.py
 sets it (actor.seed 1234 + k, env.train.seed k), the case's overrides, and TensorBoard, progress bar and eval videos
-off; everything it writes goes to a temporary folder. docs/metaworld.md ("Where a seed fails") reads the JSON.
+off; everything it writes goes to a temporary folder. docs/metaworld.md ("Where a seed fails") reads the JSONs
+(benchmarks/metaworld_seed_fix*.json).
 """
 
 from __future__ import annotations
