@@ -5,6 +5,7 @@
     python -m benchmarks.async_ppo --efficiency 3   # learning curves over 3 seeds: benchmarks/async_ppo_efficiency.json
     python -m benchmarks.async_ppo --efficiency 3 --knobs --runs sync,s1,s2              # ..._efficiency_knobs.json
     python -m benchmarks.async_ppo --efficiency 3 --knobs --metaworld --runs sync,s1,s2  # ..._metaworld_knobs.json
+    python -m benchmarks.async_ppo --cpu-bound 20 --knobs --metaworld --runs sync,s1r  # CPU limit: ..._cpu_bound.json
 
 configs/embodied_mlp.yaml's hybrid placement (env on device 0, rollout on 1, the actor on both), 2 pipeline stages,
 with the three latency knobs, all sleeps (the core stays free, as when a simulator, a GPU policy and a GPU update do
@@ -22,6 +23,7 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -147,6 +149,60 @@ def learning_run(staleness: int | None, seed: int, recompute: bool = False, conf
             "seconds_total": elapsed, "wall_total": clock[-1] - clock[0]}
 
 
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) clock ticks of the whole machine since boot, from /proc/stat's first line (idle and iowait are
+    not busy): two readings give the share of the machine's cores that were busy in between."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def cpu_run(staleness: int | None, recompute: bool, config: str, knobs: Knobs | None, steps: int,
+            extra: tuple[str, ...] = ()) -> dict:
+    """`steps` training steps of `config` with no evaluation: the wall time from the first step's log line to the
+    last and the CPU time the whole machine spent in between (/proc/stat: so the machine must be otherwise quiet).
+    cpu_s / cores is the least wall time that work can take on this machine, however well it overlaps."""
+    from rlinf_mini.config import load_config
+    from rlinf_mini.runners.base import Runner
+    from rlinf_mini.train import RunPlan, build_and_run
+
+    marks: list[tuple[float, int, int]] = []
+    log = Runner._log
+
+    def marked_log(self, metrics, step, bar=None):
+        marks.append((time.monotonic(), *machine_busy()))
+        log(self, metrics, step, bar)
+
+    with tempfile.TemporaryDirectory(prefix="bench_async_cpu_") as log_path:
+        argv = ["--config", config, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
+                "--runner.no-progress-bar", "--runner.log-interval", "1000", "--runner.max-epochs", str(steps + 1),
+                "--runner.val-check-interval", "0"] + (knobs.argv() if knobs else []) + list(extra)
+        if staleness is not None:
+            argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
+                     str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
+        cfg = load_config(argv)
+        Runner._log = marked_log
+        try:
+            build_and_run(cfg, RunPlan(cfg, config))
+        finally:
+            Runner._log = log
+    (t0, b0, n0), (t1, b1, n1) = marks[0], marks[-1]  # from the end of step 1: start-up and warm-up left out
+    cores = os.cpu_count() or 1
+    return {"steps": len(marks) - 1, "wall_s": t1 - t0, "cpu_s": (b1 - b0) / (n1 - n0) * cores * (t1 - t0),
+            "busy_share": (b1 - b0) / (n1 - n0)}
+
+
+def cpu_bound(names: list[str], config: str, knobs: Knobs | None, steps: int, extra: tuple[str, ...] = ()) -> dict:
+    """Each run of `names` (as RUNS) for `steps` steps, one at a time: its wall time ÷ sync's, and the CPU limit —
+    its CPU time / cores ÷ sync's wall time, the ratio it could reach if every tick of its work overlapped."""
+    runs = {name: cpu_run(*RUNS[name], config, knobs, steps, extra) for name in names}
+    sync_wall = runs["sync"]["wall_s"]
+    cores = os.cpu_count() or 1
+    for r in runs.values():
+        r["wall_ratio_to_sync"] = r["wall_s"] / sync_wall
+        r["cpu_limit_ratio"] = r["cpu_s"] / cores / sync_wall
+    return runs
+
+
 RUNS = {"sync": (None, False), "s1": (1, False), "s2": (2, False), "s1r": (1, True), "s2r": (2, True)}
 
 
@@ -165,7 +221,8 @@ def efficiency(seeds: int, names: list[str], config: str = CONFIG, knobs: Knobs 
 
 def summary(result: dict) -> dict:
     """Per run: seconds to 0.9 over the seeds, its ratio to sync's per seed (None where either never reached 0.9) and
-    of the seeds' sums (None unless all reached it), and whether every final eval lies within the synchronous finals'
+    of the seeds' sums (None unless all reached it), the final evals (their mean and standard deviation over the
+    seeds), each seed's mean of its last 3 evals, and whether every final eval lies within the synchronous finals'
     [min, max]."""
     sync_finals = [r["sync"]["final"] for r in result.values()]
     out = {}
@@ -181,7 +238,11 @@ def summary(result: dict) -> dict:
         walls = [runs[name].get("wall_to_0.9") for runs in result.values()]
         sync_walls = [runs["sync"].get("wall_to_0.9") for runs in result.values()]
         wall_ratios = [a / b if a is not None and b is not None else None for a, b in zip(walls, sync_walls)]
+        last3 = [statistics.fmean(e for _, e in runs[name]["evals"][-3:]) for runs in result.values()]
         out[name] = {"seconds_to_0.9": seconds, "ratio_to_sync": ratios, "ratio_of_sums": of_sums, "finals": finals,
+                     "finals_mean": statistics.fmean(finals),
+                     "finals_sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+                     "mean_of_last_3_evals": last3, "mean_of_last_3_evals_mean": statistics.fmean(last3),
                      "wall_to_0.9": walls, "wall_ratio_to_sync": wall_ratios,
                      "wall_ratio_of_sums": sum(walls) / sum(sync_walls) if None not in walls + sync_walls else None,
                      "finals_within_sync_spread": all(min(sync_finals) <= f <= max(sync_finals) for f in finals)}
@@ -203,7 +264,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=0, help="--efficiency: seeds from this one")
     parser.add_argument("--flags", default="", metavar="'FLAG VALUE ...'",
                         help="--efficiency: more flags for every run, e.g. '--runner.max-epochs 100'")
+    parser.add_argument("--cpu-bound", type=int, metavar="STEPS", default=0,
+                        help="instead: STEPS steps of each of --runs with no evals, wall and CPU time (quiet machine)")
     args = parser.parse_args(argv)
+    if args.cpu_bound:
+        config = METAWORLD if args.metaworld else CONFIG
+        knobs = None
+        if args.knobs:
+            knobs = DEFAULT_KNOBS[config] if args.knobs == "default" else Knobs(*map(float, args.knobs.split(",")))
+        out = ROOT / "benchmarks/async_ppo_cpu_bound.json" if args.out == parser.get_default("out") else args.out
+        load_before = os.getloadavg()
+        extra = tuple(shlex.split(args.flags))
+        runs = cpu_bound(args.runs.split(","), config, knobs, args.cpu_bound, extra)
+        print(f"{config}, {args.cpu_bound} steps, knobs {knobs}, {os.cpu_count()} cores")
+        print(f"{'run':5} {'wall s':>7} {'CPU s':>7} {'busy':>5} {'wall/sync':>9} {'CPU limit/sync':>14}")
+        for name, r in runs.items():
+            print(f"{name:5} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} {r['busy_share']:5.2f} "
+                  f"{r['wall_ratio_to_sync']:9.2f} {r['cpu_limit_ratio']:14.2f}")
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+                                   "cores": os.cpu_count(), "load_avg_before": load_before,
+                                   "load_avg": os.getloadavg(), "config": config, "steps": args.cpu_bound,
+                                   "extra_flags": list(extra), "knobs": dataclasses.asdict(knobs) if knobs else None,
+                                   "runs": runs}, indent=1) + "\n")
+        print(f"wrote {out}")
+        return 0
     if args.efficiency:
         config = METAWORLD if args.metaworld else CONFIG
         knobs = None
@@ -230,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         table = summary(result)
         for name, row in table.items():
             print(f"{name:4s} ratio to sync {row['ratio_to_sync']} (of the sums {row['ratio_of_sums']}), finals "
-                  f"{row['finals']}, within the sync spread: {row['finals_within_sync_spread']}")
+                  f"{row['finals']} (mean {row['finals_mean']:.3f} sd {row['finals_sd']:.3f}; last 3 evals' mean "
+                  f"{row['mean_of_last_3_evals_mean']:.3f}), within the sync spread: {row['finals_within_sync_spread']}")
         print(f"wrote {out}")
         return 0
     rows, raw = measure(args.reps)

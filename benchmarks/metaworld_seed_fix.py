@@ -61,6 +61,11 @@ CASES = {  # name: (config, seed, max_epochs, overrides)
     "push_s1_relfloor": ("metaworld_push", 1, 161, ["env.train.use_rel_reward=true",
                                                     "actor.model.obs_norm_min_std=0.02",
                                                     "runner.val_check_interval=40"]),
+    # an entropy bonus (the exploration the caging trap lacks) on top of the observation floor
+    "push_s1_floor_ent": ("metaworld_push", 1, 161, ["actor.model.obs_norm_min_std=0.02",
+                                                     "algorithm.entropy_bonus=0.01", "runner.val_check_interval=40"]),
+    "push_s2_floor_ent": ("metaworld_push", 2, 161, ["actor.model.obs_norm_min_std=0.02",
+                                                     "algorithm.entropy_bonus=0.01", "runner.val_check_interval=40"]),
 }
 
 

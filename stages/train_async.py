@@ -96,18 +96,26 @@ class AsyncActorWorker(ActorWorker):
 
     def compute_proximal_logprobs(self) -> None:
         """rollout.recompute_logprobs: the proximal policy's log-probs [T, B(, ...)] of the batch's actions, by a
-        forward with the actor's weights before this update (micro-batches, no gradient)."""
+        forward with the actor's weights before this update (micro-batches, no gradient). With a critic the same
+        forward gives the proximal values (RLinf's `proximal_values`, which its compute_advantages_and_returns and
+        critic loss take over the behaviour's `prev_values`): values[:T] become the current critic's, so GAE and
+        the value clip's anchor are those of the weights being trained, as in a synchronous step; values[T] (the
+        last obs', not in the batch) stays the rollout's."""
         T, B = self.batch["rewards"].shape
         flat = flatten_batch(self.batch | {"advantages": self.batch["rewards"], "returns": self.batch["rewards"],
                                            "loss_mask": self.batch["rewards"]})  # only obs and actions are read
-        size = self.cfg.actor.micro_batch_size
-        out = []
+        size, critic = self.cfg.actor.micro_batch_size, self.cfg.actor.model.add_value_head
+        logprobs, values = [], []
         self.policy.eval()
         with torch.no_grad():
             for start in range(0, T * B, size):
                 idx = slice(start, start + size)
                 obs = tree_map(lambda t, i=idx: t[i], flat["obs"])
                 with autocast(self.cfg.actor.model.precision, self.device):
-                    out.append(self.policy.default_forward(obs, flat["actions"][idx],
-                                                           compute_values=False)["logprobs"])
-        self.batch["proximal_logprobs"] = torch.cat(out).float().view_as(self.batch["logprobs"])
+                    out = self.policy.default_forward(obs, flat["actions"][idx], compute_values=critic)
+                logprobs.append(out["logprobs"])
+                if critic:
+                    values.append(out["values"])
+        self.batch["proximal_logprobs"] = torch.cat(logprobs).float().view_as(self.batch["logprobs"])
+        if critic:  # [T + 1, B]: a new tensor, the store's item keeps the behaviour values
+            self.batch["values"] = torch.cat([torch.cat(values).float().view(T, B), self.batch["values"][T:]])

@@ -327,6 +327,32 @@ def test_rollout_store_keeps_the_freshest_and_counts_what_no_update_read():
     assert store.discarded_unused == 2 and len(store) == 1
 
 
+def test_recomputing_gives_the_proximal_log_probs_and_values_of_a_plain_forward_per_step():
+    """compute_proximal_logprobs against a loop over the batch's steps with the actor's policy: log-probs [T, B] and
+    values[:T] (RLinf's proximal_values) are the current weights'; values[T] and the stored item stay the rollout's."""
+    from rlinf_mini.models.mlp_policy import MLPPolicy
+    from stages.train_async import AsyncActorWorker
+
+    T, B, C, A, obs_dim = 5, 6, 2, 3, 7
+    torch.manual_seed(0)
+    worker = AsyncActorWorker.__new__(AsyncActorWorker)  # the method's inputs only: no process, no channel
+    worker.cfg = load_config(["--config", str(ROOT / "configs/embodied_mlp.yaml"), "--actor.micro-batch-size", "4"])
+    worker.device = torch.device("cpu")
+    worker.policy = MLPPolicy(obs_dim, A, discrete=False, num_action_chunks=C, hidden_dim=16)
+    behaviour_values = torch.randn(T + 1, B)
+    stored = {"obs": torch.randn(T, B, obs_dim), "actions": torch.randn(T, B, C, A), "logprobs": torch.randn(T, B),
+              "values": behaviour_values, "rewards": torch.randn(T, B), "dones": torch.zeros(T + 1, B, dtype=torch.bool),
+              "versions": torch.zeros(T, B)}
+    worker.batch = dict(stored)
+    worker.compute_proximal_logprobs()
+    with torch.no_grad():
+        expected = [worker.policy.default_forward(stored["obs"][t], stored["actions"][t]) for t in range(T)]
+    torch.testing.assert_close(worker.batch["proximal_logprobs"], torch.stack([e["logprobs"] for e in expected]))
+    torch.testing.assert_close(worker.batch["values"][:T], torch.stack([e["values"] for e in expected]))
+    assert torch.equal(worker.batch["values"][T], behaviour_values[T])
+    assert stored["values"] is behaviour_values and not torch.equal(worker.batch["values"][:T], behaviour_values[:T])
+
+
 def test_read_newest_redoes_a_copy_the_actor_wrote_into():
     """The seqlock: a copy during which the stamp moved (the actor started writing version 4) is redone, and the
     version returned is the one whose bytes were copied."""
