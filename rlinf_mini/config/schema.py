@@ -199,7 +199,7 @@ class RolloutConfig:
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     """How the rollout samples action tokens (tiny_vla)."""
     recompute_logprobs: bool = False
-    """Async PPO: the actor recomputes the proximal log-probs (false, RLinf's: interpolated)."""
+    """Async PPO: the actor recomputes the proximal log-probs and values (false, RLinf's: interpolated)."""
 
 
 @dataclass
