@@ -147,7 +147,8 @@ assert any(g > t for g, t in overlaps)  # a *later* batch than the one being tra
 #
 # Per run: the share of samples one version behind the actor, the versions the rollout loaded, and
 # `behav_approx_kl` (the k1 distance between the behaviour policy and the anchor: 0 when they coincide). A fifth run
-# recomputes the anchor (`rollout.recompute_logprobs: true`): one more actor call per step.
+# recomputes the anchor (`rollout.recompute_logprobs: true`): one more actor call per step, whose critic values
+# (the proximal values) then replace the rollout's one-version-older ones in GAE.
 
 # %%
 s1r = train("09_s1_recompute", *asynchronous(1, "--rollout.recompute-logprobs"), "--runner.trace")
