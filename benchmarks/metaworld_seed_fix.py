@@ -66,6 +66,13 @@ CASES = {  # name: (config, seed, max_epochs, overrides)
                                                      "algorithm.entropy_bonus=0.01", "runner.val_check_interval=40"]),
     "push_s2_floor_ent": ("metaworld_push", 2, 161, ["actor.model.obs_norm_min_std=0.02",
                                                      "algorithm.entropy_bonus=0.01", "runner.val_check_interval=40"]),
+    # twice the sub-envs per PPO step (4,096 samples, 160 optimizer steps) over half the steps: the same env steps
+    "push_s1_envs32": ("metaworld_push", 1, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
+    "push_s0_envs32": ("metaworld_push", 0, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
+    "push_s2_envs32": ("metaworld_push", 2, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
+    "push_s1_floor_envs32": ("metaworld_push", 1, 81, ["env.train.total_num_envs=32",
+                                                       "actor.model.obs_norm_min_std=0.02",
+                                                       "runner.val_check_interval=20"]),
 }
 
 
