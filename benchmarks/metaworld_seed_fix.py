@@ -70,6 +70,10 @@ CASES = {  # name: (config, seed, max_epochs, overrides)
     "push_s1_envs32": ("metaworld_push", 1, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
     "push_s0_envs32": ("metaworld_push", 0, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
     "push_s2_envs32": ("metaworld_push", 2, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
+    # the same for 121 steps (495,616 env steps, about 1.5x the config's)
+    "push_s0_envs32_121": ("metaworld_push", 0, 121, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
+    "push_s1_envs32_121": ("metaworld_push", 1, 121, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
+    "push_s2_envs32_121": ("metaworld_push", 2, 121, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
     "push_s1_floor_envs32": ("metaworld_push", 1, 81, ["env.train.total_num_envs=32",
                                                        "actor.model.obs_norm_min_std=0.02",
                                                        "runner.val_check_interval=20"]),
