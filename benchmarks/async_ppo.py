@@ -107,6 +107,36 @@ class Knobs:
 DEFAULT_KNOBS = {CONFIG: Knobs(0.010, 0.005, 0.600), METAWORLD: Knobs(0.002, 0.001, 0.4)}
 
 
+def logged_run(config: str, staleness: int | None, recompute: bool, flags: list[str], mark) -> tuple[list, list]:
+    """One run of `config` as shipped plus `flags` (sync where staleness is None, else async PPO at that bound, the
+    recomputed anchor if `recompute`), everything it writes in a temporary folder: its history and `mark()` taken at
+    each of the runner's logged lines, in history order."""
+    from rlinf_mini.config import load_config
+    from rlinf_mini.runners.base import Runner
+    from rlinf_mini.train import RunPlan, build_and_run
+
+    marks: list = []
+    log = Runner._log
+
+    def marked_log(self, metrics, step, bar=None):
+        marks.append(mark())
+        log(self, metrics, step, bar)
+
+    with tempfile.TemporaryDirectory(prefix="bench_async_") as log_path:
+        argv = ["--config", config, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
+                "--runner.no-progress-bar", "--runner.log-interval", "1000"] + flags
+        if staleness is not None:
+            argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
+                     str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
+        cfg = load_config(argv)
+        Runner._log = marked_log  # the runner's own line-logging, marked (restored below)
+        try:
+            history = build_and_run(cfg, RunPlan(cfg, config))
+        finally:
+            Runner._log = log
+    return history, marks
+
+
 def learning_run(staleness: int | None, seed: int, recompute: bool = False, config: str = CONFIG,
                  knobs: Knobs | None = None, extra: tuple[str, ...] = ()) -> dict:
     """`config` as shipped (plus the latency knobs, if given), seed k added to actor.seed and env.train.seed: its
@@ -114,30 +144,8 @@ def learning_run(staleness: int | None, seed: int, recompute: bool = False, conf
     time/eval timers summed; `wall_to_0.9` the driver's clock from the step-0 eval's line to that eval's line (what
     the timers leave out, e.g. a group call between steps that waits behind a batch in flight, counts here).
     `extra`: more flags for every run (e.g. a longer budget: --runner.max-epochs 100)."""
-    from rlinf_mini.config import load_config
-    from rlinf_mini.runners.base import Runner
-    from rlinf_mini.train import RunPlan, build_and_run
-
-    clock: list[float] = []  # time.monotonic() at each logged line, in history order
-    log = Runner._log
-
-    def timed_log(self, metrics, step, bar=None):
-        clock.append(time.monotonic())
-        log(self, metrics, step, bar)
-
-    with tempfile.TemporaryDirectory(prefix="bench_async_eff_") as log_path:
-        argv = ["--config", config, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
-                "--runner.no-progress-bar", "--runner.log-interval", "1000", "--actor.seed", str(1234 + seed),
-                "--env.train.seed", str(seed)] + (knobs.argv() if knobs else []) + list(extra)
-        if staleness is not None:
-            argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
-                     str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
-        cfg = load_config(argv)
-        Runner._log = timed_log  # the runner's own line-logging, timed (restored below)
-        try:
-            history = build_and_run(cfg, RunPlan(cfg, config))
-        finally:
-            Runner._log = log
+    flags = ["--actor.seed", str(1234 + seed), "--env.train.seed", str(seed)] + (knobs.argv() if knobs else [])
+    history, clock = logged_run(config, staleness, recompute, flags + list(extra), time.monotonic)
     evals, elapsed, to_09, wall_to_09 = [], 0.0, None, None
     for h, t in zip(history, clock, strict=True):
         elapsed += h.get("time/step", 0.0) + h.get("time/eval", 0.0)
@@ -159,47 +167,26 @@ def machine_busy() -> tuple[int, int]:
 def cpu_run(staleness: int | None, recompute: bool, config: str, knobs: Knobs | None, steps: int,
             extra: tuple[str, ...] = ()) -> dict:
     """`steps` training steps of `config` with no evaluation: the wall time from the first step's log line to the
-    last and the CPU time the whole machine spent in between (/proc/stat: so the machine must be otherwise quiet).
-    cpu_s / cores is the least wall time that work can take on this machine, however well it overlaps."""
-    from rlinf_mini.config import load_config
-    from rlinf_mini.runners.base import Runner
-    from rlinf_mini.train import RunPlan, build_and_run
-
-    marks: list[tuple[float, int, int]] = []
-    log = Runner._log
-
-    def marked_log(self, metrics, step, bar=None):
-        marks.append((time.monotonic(), *machine_busy()))
-        log(self, metrics, step, bar)
-
-    with tempfile.TemporaryDirectory(prefix="bench_async_cpu_") as log_path:
-        argv = ["--config", config, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
-                "--runner.no-progress-bar", "--runner.log-interval", "1000", "--runner.max-epochs", str(steps + 1),
-                "--runner.val-check-interval", "0"] + (knobs.argv() if knobs else []) + list(extra)
-        if staleness is not None:
-            argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
-                     str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
-        cfg = load_config(argv)
-        Runner._log = marked_log
-        try:
-            build_and_run(cfg, RunPlan(cfg, config))
-        finally:
-            Runner._log = log
+    last and the share of the whole machine's cores busy in between (/proc/stat: so the machine must be otherwise
+    quiet). cpu_s / cores is the least wall time that work can take on this machine, however well it overlaps."""
+    flags = ["--runner.max-epochs", str(steps + 1), "--runner.val-check-interval", "0"] + \
+        (knobs.argv() if knobs else []) + list(extra)
+    _, marks = logged_run(config, staleness, recompute, flags, lambda: (time.monotonic(), *machine_busy()))
     (t0, b0, n0), (t1, b1, n1) = marks[0], marks[-1]  # from the end of step 1: start-up and warm-up left out
-    cores = os.cpu_count() or 1
-    return {"steps": len(marks) - 1, "wall_s": t1 - t0, "cpu_s": (b1 - b0) / (n1 - n0) * cores * (t1 - t0),
-            "busy_share": (b1 - b0) / (n1 - n0)}
+    busy = (b1 - b0) / (n1 - n0)
+    return {"steps": len(marks) - 1, "wall_s": t1 - t0, "cpu_s": busy * (os.cpu_count() or 1) * (t1 - t0),
+            "busy_share": busy}
 
 
 def cpu_bound(names: list[str], config: str, knobs: Knobs | None, steps: int, extra: tuple[str, ...] = ()) -> dict:
     """Each run of `names` (as RUNS) for `steps` steps, one at a time: its wall time ÷ sync's, and the CPU limit —
-    its CPU time / cores ÷ sync's wall time, the ratio it could reach if every tick of its work overlapped."""
+    its CPU time / cores ÷ sync's wall time (its busy share x its wall ÷ sync's wall), the ratio it could reach if
+    every tick of its work overlapped."""
     runs = {name: cpu_run(*RUNS[name], config, knobs, steps, extra) for name in names}
     sync_wall = runs["sync"]["wall_s"]
-    cores = os.cpu_count() or 1
     for r in runs.values():
         r["wall_ratio_to_sync"] = r["wall_s"] / sync_wall
-        r["cpu_limit_ratio"] = r["cpu_s"] / cores / sync_wall
+        r["cpu_limit_ratio"] = r["busy_share"] * r["wall_s"] / sync_wall
     return runs
 
 
@@ -267,14 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-bound", type=int, metavar="STEPS", default=0,
                         help="instead: STEPS steps of each of --runs with no evals, wall and CPU time (quiet machine)")
     args = parser.parse_args(argv)
+    config = METAWORLD if args.metaworld else CONFIG  # --cpu-bound and --efficiency
+    knobs = None
+    if args.knobs:
+        knobs = DEFAULT_KNOBS[config] if args.knobs == "default" else Knobs(*map(float, args.knobs.split(",")))
+    extra = tuple(shlex.split(args.flags))
+    load_before = os.getloadavg()
     if args.cpu_bound:
-        config = METAWORLD if args.metaworld else CONFIG
-        knobs = None
-        if args.knobs:
-            knobs = DEFAULT_KNOBS[config] if args.knobs == "default" else Knobs(*map(float, args.knobs.split(",")))
         out = ROOT / "benchmarks/async_ppo_cpu_bound.json" if args.out == parser.get_default("out") else args.out
-        load_before = os.getloadavg()
-        extra = tuple(shlex.split(args.flags))
         runs = cpu_bound(args.runs.split(","), config, knobs, args.cpu_bound, extra)
         print(f"{config}, {args.cpu_bound} steps, knobs {knobs}, {os.cpu_count()} cores")
         print(f"{'run':5} {'wall s':>7} {'CPU s':>7} {'busy':>5} {'wall/sync':>9} {'CPU limit/sync':>14}")
@@ -290,15 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out}")
         return 0
     if args.efficiency:
-        config = METAWORLD if args.metaworld else CONFIG
-        knobs = None
-        if args.knobs:
-            knobs = DEFAULT_KNOBS[config] if args.knobs == "default" else Knobs(*map(float, args.knobs.split(",")))
         default = "benchmarks/async_ppo_efficiency" + ("_metaworld" if args.metaworld else "") + \
             ("_knobs" if knobs else "") + ".json"
         out = ROOT / default if args.out == parser.get_default("out") else args.out
-        load_before = os.getloadavg()
-        extra = tuple(shlex.split(args.flags))
 
         def write(result: dict, final: bool = False) -> None:  # after every run: a long run's figures are kept
             table = summary(result) if final else None

@@ -61,26 +61,20 @@ CASES = {  # name: (config, seed, max_epochs, overrides)
     "push_s1_relfloor": ("metaworld_push", 1, 161, ["env.train.use_rel_reward=true",
                                                     "actor.model.obs_norm_min_std=0.02",
                                                     "runner.val_check_interval=40"]),
-    # an entropy bonus (the exploration the caging trap lacks) on top of the observation floor
-    "push_s1_floor_ent": ("metaworld_push", 1, 161, ["actor.model.obs_norm_min_std=0.02",
-                                                     "algorithm.entropy_bonus=0.01", "runner.val_check_interval=40"]),
-    "push_s2_floor_ent": ("metaworld_push", 2, 161, ["actor.model.obs_norm_min_std=0.02",
-                                                     "algorithm.entropy_bonus=0.01", "runner.val_check_interval=40"]),
-    # twice the sub-envs per PPO step (4,096 samples, 160 optimizer steps) over half the steps: the same env steps
-    "push_s1_envs32": ("metaworld_push", 1, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
-    "push_s0_envs32": ("metaworld_push", 0, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
-    "push_s2_envs32": ("metaworld_push", 2, 81, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
-    # the same for 121 steps (495,616 env steps, about 1.5x the config's)
-    "push_s0_envs32_121": ("metaworld_push", 0, 121, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
-    "push_s1_envs32_121": ("metaworld_push", 1, 121, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
-    "push_s2_envs32_121": ("metaworld_push", 2, 121, ["env.train.total_num_envs=32", "runner.val_check_interval=20"]),
-    "reach_s0_envs32": ("metaworld_reach", 0, 21, ["env.train.total_num_envs=32", "runner.val_check_interval=10"]),
-    "reach_s1_envs32": ("metaworld_reach", 1, 21, ["env.train.total_num_envs=32", "runner.val_check_interval=10"]),
-    "reach_s2_envs32": ("metaworld_reach", 2, 21, ["env.train.total_num_envs=32", "runner.val_check_interval=10"]),
-    "push_s1_floor_envs32": ("metaworld_push", 1, 81, ["env.train.total_num_envs=32",
-                                                       "actor.model.obs_norm_min_std=0.02",
-                                                       "runner.val_check_interval=20"]),
 }
+# an entropy bonus (the exploration the caging trap lacks) on top of the observation floor
+CASES |= {f"push_s{k}_floor_ent": ("metaworld_push", k, 161, ["actor.model.obs_norm_min_std=0.02",
+                                                              "algorithm.entropy_bonus=0.01",
+                                                              "runner.val_check_interval=40"]) for k in (1, 2)}
+# twice the sub-envs per PPO step (4,096 samples, 160 optimizer steps) over half the steps: the config's env steps
+# (push 81 steps, reach 21), push also for 121 (495,616 env steps, about 1.5x the config's), and with the floor
+ENVS32 = ["env.train.total_num_envs=32"]
+for k in range(3):
+    CASES[f"push_s{k}_envs32"] = ("metaworld_push", k, 81, ENVS32 + ["runner.val_check_interval=20"])
+    CASES[f"push_s{k}_envs32_121"] = ("metaworld_push", k, 121, ENVS32 + ["runner.val_check_interval=20"])
+    CASES[f"reach_s{k}_envs32"] = ("metaworld_reach", k, 21, ENVS32 + ["runner.val_check_interval=10"])
+CASES["push_s1_floor_envs32"] = ("metaworld_push", 1, 81, ENVS32 + ["actor.model.obs_norm_min_std=0.02",
+                                                                    "runner.val_check_interval=20"])
 
 
 def argv_of(name: str, log_path: str) -> list[str]:
