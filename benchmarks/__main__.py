@@ -10,7 +10,7 @@ run in turn. Prints one table (ratio as "median [min-max]") and writes JSON with
     python -m benchmarks --only channel,pipeline --out results/x.json
 
 Rows (see docs/performance.md for what each means): channel large / small, weight sync 10M / 100M, group call round
-trip, pipeline on the real runner (stage_num 2, 4 x hybrid / disaggregated / collocated, E = P and E != P), the whole
+trip, the actor's all-reduce on 2 CPU ranks (shm vs gloo), pipeline on the real runner (stage_num 2, 4 x hybrid / disaggregated / collocated, E = P and E != P), the whole
 step hybrid 2 stages vs collocated 1 stage, end to end runner vs a plain loop, tracing overhead, CartPole vs SB3.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.table import format_table
 
-GROUPS = ("channel", "weights", "group_call", "pipeline", "runner", "cartpole", "backends", "ray")
+GROUPS = ("channel", "weights", "group_call", "all_reduce", "pipeline", "runner", "cartpole", "backends", "ray")
 
 REPS = {"full": 5, "quick": 3, "tiny": 1}  # repetitions of every ratio, measured in turn; the row shows their median
 
@@ -95,6 +95,10 @@ def run(mode: str, groups: list[str], out_dir: Path, load: list) -> list:
                 rows += m.runner_and_tracing(s["runner"][0], "configs/embodied_mlp.yaml", reps)
                 if mode != "tiny":
                     rows += m.runner_and_tracing(s["runner"][1], "configs/embodied.yaml", reps)
+            elif group == "all_reduce":  # the actor's gradient all-reduce on 2 CPU ranks: shm against gloo
+                from benchmarks import backends as bk
+
+                rows += bk.all_reduce(80_000, {"full": 300, "quick": 100, "tiny": 10}[mode], reps)
             elif group == "backends":  # local and inline side by side, each beside the layer below
                 from benchmarks import backends as bk
 

@@ -30,6 +30,21 @@ class BenchWorker(Worker):
     def noop(self) -> None:
         return None
 
+    def join(self) -> None:
+        self.init_collective(60.0)
+
+    def all_reduce_s(self, numel: int, n: int) -> float:
+        """Median seconds of one all-reduce of `numel` float32 over the group (every rank calls it n times)."""
+        t = torch.randn(numel)
+        for _ in range(10):  # the segment made, the ranks in step
+            self.all_reduce(t)
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            self.all_reduce(t)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[n // 2]
+
     def produce(self, ch: Channel, n: int, large: bool) -> None:
         item = torch.randint(0, 255, LARGE, dtype=torch.uint8) if large else dict(SMALL)
         for _ in range(n):
@@ -144,6 +159,35 @@ def rank_start(ranks: int = 4, reps: int = 3) -> list[Row]:
     return [Row.from_reps(f"local: rank start, {ranks} ranks, launch to first answer", "s", rounds,
                           baseline_name="spawned ranks", ratio_of="spawn/ours",
                           note=f"the first launch of a driver process, which starts the fork server: {first_s:.2f} s")]
+
+
+def all_reduce(numel: int = 80_000, n: int = 300, reps: int = 3) -> list[Row]:
+    """One all-reduce of `numel` float32 (80k: the MLP policy's gradients) over 2 local ranks, one per core:
+    cluster.all_reduce 'shm' (scheduler/shm_all_reduce.py) against 'gloo', interleaved, beside the floor of the work
+    itself in one process (copy into the segment, add two slots, copy back)."""
+
+    def per_call_s(kind: str) -> float:
+        cluster = Cluster(ClusterConfig(num_devices=2, timeout_s=120, all_reduce=kind))
+        try:
+            group = BenchWorker.create_group(None).launch(cluster, _strategy(2), name="Bench")
+            group.join().wait()
+            return group.all_reduce_s(numel, n).wait()[0]  # rank 0's median
+        finally:
+            cluster.shutdown()
+
+    x, y, slot0, slot1 = (torch.randn(numel) for _ in range(4))
+
+    def floor() -> None:
+        slot0.copy_(x)
+        torch.add(slot0, slot1, out=y)
+        x.copy_(y)
+    floor_s = median_call_s(floor, n)
+    rounds = []
+    for _ in range(reps):
+        ours, gloo = per_call_s("shm"), per_call_s("gloo")
+        rounds.append({"ours": ours * 1e6, "baseline": gloo * 1e6, "limit": floor_s * 1e6, "ratio": gloo / ours})
+    return [Row.from_reps(f"local: all-reduce of {numel} float32, 2 ranks", "us", rounds, baseline_name="gloo",
+                          limit_name="copy in, add, copy out (one process)", ratio_of="gloo/ours")]
 
 
 def runner_rollout(config: str, steps: int, reps: int = 3) -> list[Row]:

@@ -19,6 +19,7 @@ the two agree).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import importlib.util
 import json
@@ -369,7 +370,8 @@ def render_recipe(entry: dict) -> list[str]:
     budget = (f"{entry['max_epochs']} steps (a shorter budget than the config's {entry['config_max_epochs']}: "
               f"{entry['note']})" if entry["max_epochs"] is not None else f"the full run ({entry['config_max_epochs']} "
               "steps)")
-    lines += [f"Budget: {budget}; {len(runs)} seed(s). A run took {_span([r['wall_s'] for r in runs])} s wall, "
+    shared = " (the seeds ran at once, sharing the cores)" if entry.get("seeds_in_parallel") else ""
+    lines += [f"Budget: {budget}; {len(runs)} seed(s). A run took {_span([r['wall_s'] for r in runs])} s wall{shared}, "
               f"{_span([r['cpu_s'] for r in runs])} s of CPU on 2 cores (the commit, date and load of each run are "
               "in benchmarks/healthy_runs.json). Seed 0's command:", "",
               f"    {runs[0]['command']}", ""]
@@ -440,7 +442,7 @@ def render(data: dict) -> str:
 # --- entry ----------------------------------------------------------------------------------------------------------
 
 
-def measure(recipe: Recipe, tree: Path, commit: str) -> dict:
+def measure(recipe: Recipe, tree: Path, commit: str, parallel: bool = False) -> dict:
     if not (tree / f"configs/{recipe.config}.yaml").is_file():
         return {"config": recipe.config, **_variant(recipe), "max_epochs": recipe.max_epochs,
                 "config_max_epochs": None, "note": recipe.note,
@@ -452,13 +454,19 @@ def measure(recipe: Recipe, tree: Path, commit: str) -> dict:
         entry["status"] = recipe.why_not or f"needs {', '.join(missing)}, which is not installed here"
         return entry
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    runs = []
-    for seed in range(recipe.seeds):
+
+    def one(seed: int) -> dict:
         run = run_one(recipe, seed, tree, facts)
         print(f"{recipe.key} seed {seed}: exit {run['exit_code']}, {run['wall_s']} s wall, {run['cpu_s']} s CPU, "
               f"load {run['load']}; {run['last_line']}", file=sys.stderr, flush=True)
-        runs.append(run)
-    return entry | measured_entry(recipe, runs, commit, date)
+        return run
+
+    if parallel:  # every seed at once: the same metrics (the runs are deterministic), wall times of a shared machine
+        with concurrent.futures.ThreadPoolExecutor(recipe.seeds) as pool:
+            runs = list(pool.map(one, range(recipe.seeds)))
+    else:
+        runs = [one(seed) for seed in range(recipe.seeds)]
+    return entry | ({"seeds_in_parallel": True} if parallel else {}) | measured_entry(recipe, runs, commit, date)
 
 
 def entry_head(recipe: Recipe, facts: dict) -> dict:
@@ -485,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rev", default="HEAD", help="the commit to measure (exported with git archive)")
     parser.add_argument("--seeds", type=int, help="seeds per recipe instead of each recipe's own (a smoke test)")
     parser.add_argument("--steps", type=int, help="runner.max_epochs of every recipe (a smoke test)")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run a recipe's seeds at once (same metrics; wall times are then a shared machine's)")
     parser.add_argument("--json", type=Path, default=JSON_PATH)
     parser.add_argument("--page", type=Path, default=PAGE_PATH)
     args = parser.parse_args(argv)
@@ -504,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                     recipe = dataclasses.replace(recipe, seeds=args.seeds or recipe.seeds,
                                                  max_epochs=args.steps or recipe.max_epochs,
                                                  note="a smoke test" if args.steps else recipe.note)
-                old[recipe.key] = measure(recipe, Path(tree), commit)
+                old[recipe.key] = measure(recipe, Path(tree), commit, args.parallel)
                 args.json.write_text(json.dumps(_ordered(old), indent=1) + "\n")  # after each: a crash keeps these
     data = _ordered(old)
     args.json.write_text(json.dumps(data, indent=1) + "\n")

@@ -127,9 +127,9 @@ def test_local_and_inline_train_bitwise_the_same(tmp_path):
 
 
 def test_the_local_backend_s_plain_paths_train_bitwise_the_same_as_its_fast_ones(tmp_path):
-    """cluster.rank_start 'spawn' (no fork server, no preloading) and cluster.channel_wait 'block' (no spin): the
-    plain paths, against the defaults."""
-    plain = _train(tmp_path / "plain", "local", rank_start="spawn", channel_wait="block")
+    """cluster.rank_start 'spawn' (no fork server, no preloading), cluster.channel_wait 'block' (no spin) and
+    cluster.all_reduce 'gloo' (not the shared-memory sum): the plain paths, against the defaults."""
+    plain = _train(tmp_path / "plain", "local", rank_start="spawn", channel_wait="block", all_reduce="gloo")
     _assert_same_training(tmp_path, _train(tmp_path / "fast", "local"), plain)
 
 

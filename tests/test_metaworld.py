@@ -62,6 +62,67 @@ def test_a_sub_envs_episodes_depend_on_its_id_not_on_the_split():
     assert not torch.equal(whole_obs[0], whole_obs[1])  # different ids, different episodes
 
 
+def test_a_sub_env_is_what_gymnasium_make_builds_step_for_step():
+    """The env makes MT1's reset layouts once per process; a sub-env must still be gymnasium.make's MT1 env: the
+    oracle is a plain loop on gymnasium.make("Meta-World/MT1") with our seeding, settle steps and auto-reset."""
+    import gymnasium
+    import numpy as np
+
+    from rlinf_mini.envs.metaworld import SETTLE_STEPS
+
+    c = cfg(task_suite_name="push-v3", max_episode_steps=6)
+    ids = torch.tensor([0, 3])
+    ours, ours_rewards = rollout(ids.tolist(), 9, task_suite_name="push-v3", max_episode_steps=6)  # [2, 10, 39]
+    for b, e in enumerate(ids.tolist()):
+        env = gymnasium.make("Meta-World/MT1", env_name="push-v3", seed=c.seed, disable_env_checker=True)
+        env.unwrapped.max_path_length = c.max_episode_steps + SETTLE_STEPS
+
+        def reset(first: bool):
+            if first:
+                env.unwrapped.seed(c.seed + e)
+            obs, _ = env.reset()
+            for _ in range(SETTLE_STEPS):
+                obs, *_ = env.step(np.zeros(4, dtype=np.float32))
+            return obs
+
+        plain, plain_rewards = [reset(True)], []
+        for t in range(9):
+            obs, reward, *_ = env.step(actions_for(torch.tensor([e]), t)[0, 0].numpy())
+            plain.append(reset(False) if (t + 1) % c.max_episode_steps == 0 else obs)  # auto-reset after step 6
+            plain_rewards.append(reward)
+        env.close()
+        assert torch.allclose(ours[b], torch.tensor(np.stack(plain), dtype=torch.float32)), e
+        assert torch.allclose(ours_rewards[b].flatten(), torch.tensor(plain_rewards, dtype=torch.float32)), e
+    assert not torch.equal(ours[0], ours[1])
+
+
+@pytest.mark.filterwarnings("ignore:Constant\\(s\\) may be too high")  # the scripted policy's own warning
+@pytest.mark.parametrize("task", ["push-v3", "pick-place-v3"])
+def test_touching_object_is_metaworlds_answer_at_every_step_of_a_scripted_episode(task):
+    """The env binds a faster touching_object (MuJoCo's contact arrays, not a Python loop); the oracle is MetaWorld's
+    own method on the same state, over an episode of MetaWorld's scripted policy (which grips the object)."""
+    import numpy as np
+    from metaworld import policies
+
+    from rlinf_mini.envs.metaworld import _make_one
+
+    env = _make_one(cfg(task_suite_name=task, max_episode_steps=150), task, "env.train")
+    sawyer = env.unwrapped
+    assert sawyer.touching_object.__func__ is not type(sawyer).touching_object  # the bound replacement
+    policy = {"push-v3": policies.SawyerPushV3Policy, "pick-place-v3": policies.SawyerPickPlaceV3Policy}[task]()
+    sawyer.seed(3)
+    obs, _ = env.reset()
+    seen = set()
+    for _ in range(120):
+        obj = sawyer._get_id_main_object()
+        ours = sawyer.touching_object(obj)
+        assert ours == type(sawyer).touching_object(sawyer, obj)
+        seen.add(ours)
+        obs, *_ = env.step(np.clip(policy.get_action(obs), -1, 1).astype(np.float32))
+    env.close()
+    assert seen == {True, False}  # the pads touched the object in some steps and not in others
+
+
 def test_episodes_end_at_max_episode_steps_with_rlinfs_success_stats():
     env = make_env(cfg(max_episode_steps=5), torch.arange(2), 1)
     try:

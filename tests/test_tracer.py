@@ -166,13 +166,13 @@ def test_benchmarks_tiny_mode_writes_every_row(tmp_path):
     from benchmarks.__main__ import main
 
     out = tmp_path / "bench.json"
-    assert main(["--tiny", "--only", "channel,weights,pipeline", "--out", str(out)]) == 0
+    assert main(["--tiny", "--only", "channel,weights,all_reduce,pipeline", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     rows = {r["name"]: r for r in report["rows"]}
     pipe = "pipeline hybrid, stage_num 2, E=2 ms, P=2 ms"
     whole = "whole step: hybrid, stage_num 2 vs collocated, stage_num 1 (E=2 ms, P=1 ms per call)"
     assert {"channel, large (64x3x64x64 uint8, 786 KB)", "channel, small (dict of 4 scalars)",
-            "weight sync, 1M float32 (4 MB)", pipe, whole} <= set(rows)
+            "weight sync, 1M float32 (4 MB)", "local: all-reduce of 80000 float32, 2 ranks", pipe, whole} <= set(rows)
     for r in rows.values():
         assert r["ours"] > 0 and math.isfinite(r["ours"])
         if r["ratio"] is not None:
@@ -183,8 +183,8 @@ def test_benchmarks_tiny_mode_writes_every_row(tmp_path):
     # the latency knobs are waits, so they bound the time from below: the pipeline's baseline (stage_num 1) waited
     # 3 env steps of E = 2 ms and 4 inferences of P = 2 ms (the 4th: the bootstrap value) per rollout
     assert rows[pipe]["baseline"] <= 3 / (3 * 0.002 + 4 * 0.002)
-    assert [e["group"] for e in report["load"]] == ["channel", "channel", "weights", "weights", "pipeline",
-                                                    "pipeline"]
+    assert [e["group"] for e in report["load"]] == ["channel", "channel", "weights", "weights", "all_reduce",
+                                                    "all_reduce", "pipeline", "pipeline"]
     assert all(len(e["loadavg"]) == 3 for e in report["load"])
     assert (tmp_path / "pipeline_stage2_timeline.png").is_file()
     assert main(["--only", "nonsense", "--out", str(out)]) == 2

@@ -40,6 +40,10 @@ class ClusterConfig:
     """rlinf_mini, backend 'local': how a rank's process starts. 'forkserver': forked from a server that imported torch
     and the run's modules once (rlinf_mini/scheduler/forkserver.py); 'spawn': a fresh interpreter per rank that
     imports everything itself, the plain path (slower to start). Same results."""
+    all_reduce: Literal["shm", "gloo"] = "shm"
+    """rlinf_mini, backend 'local', CPU ranks: how the actor's ranks sum gradients. 'shm': through a shared-memory
+    segment (rlinf_mini/scheduler/shm_all_reduce.py; x86-64, elsewhere gloo); 'gloo': torch.distributed's gloo over
+    loopback, the plain path. With 2 ranks the same sums."""
     threads_per_device: int = 1
     """rlinf_mini: torch's threads per device a rank holds (a number, not the core count: same bits)."""
 

@@ -44,7 +44,7 @@ def make_backend(cfg: ClusterConfig, preload: tuple[str, ...] = (), gpus_per_nod
     from rlinf_mini.scheduler.local import LocalBackend
 
     return LocalBackend(cfg.timeout_s, preload, spin=cfg.channel_wait == "spin",
-                        fork_server=cfg.rank_start == "forkserver")
+                        fork_server=cfg.rank_start == "forkserver", all_reduce=cfg.all_reduce)
 
 
 class Cluster:

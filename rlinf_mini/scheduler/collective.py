@@ -6,7 +6,9 @@
 A collective has `all_reduce(t) -> t` (sum, in place) and `close()`. Two kinds:
 - `TorchDistCollective` (local and ray backends, one process per rank): torch.distributed, gloo on the CPU and NCCL
   on a GPU, with the rendezvous the backend put in the environment: a file store on one machine (local:
-  RLINF_MINI_STORE_FILE), a TCP store at rank 0 across machines (ray: MASTER_ADDR / MASTER_PORT).
+  RLINF_MINI_STORE_FILE), a TCP store at rank 0 across machines (ray: MASTER_ADDR / MASTER_PORT). The local
+  backend's CPU ranks sum their float and int64 tensors through shared memory instead (cluster.all_reduce 'shm',
+  shm_all_reduce.py: a fraction of gloo's loopback round trips), gloo kept for the rest and the barriers.
   Ranks that share a GPU (collocated, or more devices than GPUs) use gloo over their CUDA tensors, since NCCL refuses
   two ranks on one GPU (`devices.collective_backend`); a timed-out all-reduce raises `CollectiveTimeout`.
 - `rlinf_mini.scheduler.inline.InlineCollective` (inline backend, ranks are threads of one process).
@@ -26,13 +28,14 @@ class CollectiveTimeout(TimeoutError):
 
 
 class TorchDistCollective:
+    _shm = None  # the shared-memory sum (cluster.all_reduce 'shm'), where it applies
     def __init__(self, rank: int, world_size: int, device, timeout_s: float):
         import os
 
         import torch
         import torch.distributed as dist
 
-        from rlinf_mini.scheduler import devices
+        from rlinf_mini.scheduler import devices, shm_all_reduce
 
         self._dist, self.timeout_s = dist, timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -46,6 +49,10 @@ class TorchDistCollective:
         if device.type != "cuda":
             self.backend, self.why = "gloo", "CPU tensors"
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+            if store_file and os.environ.get("RLINF_MINI_ALL_REDUCE") == "shm" and shm_all_reduce.supported():
+                self.backend, self.why = "shm", "CPU ranks on one machine (cluster.all_reduce)"
+                self._shm = shm_all_reduce.ShmAllReduce(rank, world_size, os.path.basename(store_file), timeout_s,
+                                                        dist.barrier)
             return
         torch.cuda.set_device(device)
         # Which GPU each rank is on is known only to that rank (its CUDA_VISIBLE_DEVICES, set by the Cluster):
@@ -63,6 +70,8 @@ class TorchDistCollective:
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
 
     def all_reduce(self, t):
+        if self._shm is not None and self._shm.accepts(t):
+            return self._shm.all_reduce(t)
         try:
             self._dist.all_reduce(t)
         except RuntimeError as e:  # DistBackendError is a RuntimeError
@@ -75,5 +84,7 @@ class TorchDistCollective:
         return t
 
     def close(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
         if self._dist.is_initialized():
             self._dist.destroy_process_group()

@@ -66,10 +66,13 @@ def _writable(conn: Connection) -> bool:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, timeout_s: float, preload: tuple[str, ...] = (), spin: bool = True, fork_server: bool = True):
+    def __init__(self, timeout_s: float, preload: tuple[str, ...] = (), spin: bool = True, fork_server: bool = True,
+                 all_reduce: str = "shm"):
         """spin: channel waits spin before they sleep (cluster.channel_wait); fork_server: ranks fork from the fork
-        server (cluster.rank_start 'forkserver'), else each is a fresh interpreter ('spawn')."""
+        server (cluster.rank_start 'forkserver'), else each is a fresh interpreter ('spawn'); all_reduce: how CPU
+        ranks sum (cluster.all_reduce: 'shm' through shared memory, 'gloo')."""
         self.timeout_s, self.spin, self.fork_server = timeout_s, spin, fork_server
+        self.all_reduce = all_reduce
         self.mp_context = _mp_context(preload) if fork_server else _spawn_context()
         self.channel_server = ChannelServer()
 
@@ -83,7 +86,7 @@ class LocalBackend(Backend):
 
         store = shm.SHM_DIR / f"{shm.PREFIX}{shm.run_id()}_store_{group.name}_{secrets.token_hex(4)}"
         for spec in specs:
-            spec.env |= {"RLINF_MINI_STORE_FILE": str(store), "LOCAL_RANK": "0"}
+            spec.env |= {"RLINF_MINI_STORE_FILE": str(store), "LOCAL_RANK": "0", "RLINF_MINI_ALL_REDUCE": self.all_reduce}
         return LocalRanks(self, group.name, specs)
 
     def channel_transport(self, name: str, maxsize: int, default_timeout: float) -> KernelQueues:
