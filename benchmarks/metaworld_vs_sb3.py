@@ -1,6 +1,6 @@
 """MetaWorld: held-out eval success against wall time and env steps, ours vs SB3's PPO, on the same task and budget.
 
-    python -m benchmarks.metaworld_vs_sb3 --max-epochs 100                   # reach-v3, 3 seeds, 205k steps each
+    python -m benchmarks.metaworld_vs_sb3 --max-epochs 100 --val-check-interval 10   # reach-v3, 3 seeds, 205k steps
     python -m benchmarks.metaworld_vs_sb3 --config configs/metaworld_push.yaml --seeds 0 1 2 --no-sb3
     python -m benchmarks.metaworld_vs_sb3 --config configs/metaworld_push.yaml --task drawer-close-v3 --no-sb3
     python -m benchmarks.metaworld_vs_sb3 --quick                            # smoke run: a few steps of each
@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sb3", action="store_true", help="ours only (the learning figure over seeds)")
     parser.add_argument("--max-epochs", type=int, default=None, help="the budget in PPO steps of ours (default: the "
                         "config's runner.max_epochs); SB3 gets the same number of env steps")
+    parser.add_argument("--val-check-interval", type=int, default=None, help="evaluate every this many PPO steps' "
+                        "worth of env steps, both sides (default: the config's runner.val_check_interval)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 steps of ours, 4,096 SB3 steps")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -206,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     train, ev = cfg.env.train, cfg.env.eval
     epochs = 2 if args.quick else args.max_epochs or cfg.runner.max_epochs
     overrides = task_keys + ["--runner.max_epochs", str(epochs)]
-    overrides += ["--runner.val_check_interval", "1"] if args.quick else []
+    interval = 1 if args.quick else args.val_check_interval or cfg.runner.val_check_interval
+    overrides += ["--runner.val_check_interval", str(interval)]
     per_epoch = train.total_num_envs * train.max_steps_per_rollout_epoch * train.rollout_epoch
-    interval = 1 if args.quick else cfg.runner.val_check_interval
     budget = epochs * per_epoch
     runs: dict[str, list[dict]] = {"ours": []}
     for seed in args.seeds:
