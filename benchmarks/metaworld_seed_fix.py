@@ -79,6 +79,9 @@ CASES["push_s1_floor_envs32"] = ("metaworld_push", 1, 81, ENVS32 + ["actor.model
 
 def argv_of(name: str, log_path: str) -> list[str]:
     config, seed, epochs, overrides = CASES[name]
+    if config == "metaworld_push" and not any(o.startswith("env.train.total_num_envs=") for o in overrides):
+        # these cases ran when configs/metaworld_push.yaml had 16 sub-envs (it now has 32): the recipe they measured
+        overrides = ["env.train.total_num_envs=16", *overrides]
     return ["python", "-m", "rlinf_mini.train", "--config", f"configs/{config}.yaml",
             f"runner.logger.log_path={log_path}", "runner.logger.logger_backends=[]", "runner.progress_bar=false",
             f"actor.seed={1234 + seed}", f"env.train.seed={seed}", f"runner.max_epochs={epochs}",

@@ -80,7 +80,7 @@ def metaworld_env_spec(cfg: EnvSplitConfig, key: str) -> EnvSpec:
 def _touching_object(self, object_geom_id: int) -> bool:
     """MetaWorld's SawyerXYZEnv.touching_object (both finger pads press on the object), bound to each sub-env in
     place of the original: the same answer from MuJoCo's contact arrays instead of a Python loop over every contact
-    (a wrapper object each), which was ~45% of a push-v3 step (2.4 -> 1.3 ms a step measured; push, pick-place and
+    (a wrapper object each): a push-v3 step 1.01 -> 0.57 ms (benchmarks/metaworld_env_cost.json; push, pick-place and
     the other tasks with an object ask it every step). Sums the forces in the original's order, from a Python 0."""
     contact = self.data.contact
     geom1, geom2 = contact.geom1, contact.geom2  # [ncon]
@@ -115,7 +115,7 @@ def _make_one(cfg: EnvSplitConfig, task: str, key: str):
                   "height": cfg.init_params.camera_heights}
     # what gymnasium.make("Meta-World/MT1", env_name=task, seed=cfg.seed) builds (metaworld.make_mt_envs), with the
     # task's 50 reset layouts made once per process rather than once per sub-env: making them resets a fresh env 50
-    # times, 1.1 of the 1.3 s one gymnasium.make costs (52 eval sub-envs: a minute of startup)
+    # times, most of what one gymnasium.make costs (26 sub-envs: 19.8 s -> 4.3 s, benchmarks/metaworld_env_cost.json)
     benchmark = _mt1(task, cfg.seed)
     env = metaworld._init_each_env(env_cls=benchmark.train_classes[task], tasks=benchmark.train_tasks, seed=cfg.seed,
                                    num_tasks=1, **render)
