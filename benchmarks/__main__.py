@@ -10,8 +10,9 @@ run in turn. Prints one table (ratio as "median [min-max]") and writes JSON with
     python -m benchmarks --only channel,pipeline --out results/x.json
 
 Rows (see docs/performance.md for what each means): channel large / small, weight sync 10M / 100M, group call round
-trip, the actor's all-reduce on 2 CPU ranks (shm vs gloo), pipeline on the real runner (stage_num 2, 4 x hybrid / disaggregated / collocated, E = P and E != P), the whole
-step hybrid 2 stages vs collocated 1 stage, end to end runner vs a plain loop, tracing overhead, CartPole vs SB3.
+trip, the actor's all-reduce on 2 CPU ranks (shm vs gloo), pipeline on the real runner (stage_num 2, 4 x hybrid /
+disaggregated / collocated, E = P and E != P), the whole step hybrid 2 stages vs collocated 1 stage, end to end runner
+vs a plain loop, tracing overhead, CartPole vs SB3.
 """
 
 from __future__ import annotations

@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, row in table.items():
             print(f"{name:4s} ratio to sync {row['ratio_to_sync']} (of the sums {row['ratio_of_sums']}), finals "
                   f"{row['finals']} (mean {row['finals_mean']:.3f} sd {row['finals_sd']:.3f}; last 3 evals' mean "
-                  f"{row['mean_of_last_3_evals_mean']:.3f}), within the sync spread: {row['finals_within_sync_spread']}")
+                  f"{row['mean_of_last_3_evals_mean']:.3f}), within the sync spread: "
+                  f"{row['finals_within_sync_spread']}")
         print(f"wrote {out}")
         return 0
     rows, raw = measure(args.reps)

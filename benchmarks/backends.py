@@ -38,12 +38,7 @@ class BenchWorker(Worker):
         t = torch.randn(numel)
         for _ in range(10):  # the segment made, the ranks in step
             self.all_reduce(t)
-        times = []
-        for _ in range(n):
-            start = time.perf_counter()
-            self.all_reduce(t)
-            times.append(time.perf_counter() - start)
-        return sorted(times)[n // 2]
+        return median_call_s(lambda: self.all_reduce(t), n)
 
     def produce(self, ch: Channel, n: int, large: bool) -> None:
         item = torch.randint(0, 255, LARGE, dtype=torch.uint8) if large else dict(SMALL)
@@ -181,6 +176,7 @@ def all_reduce(numel: int = 80_000, n: int = 300, reps: int = 3) -> list[Row]:
         slot0.copy_(x)
         torch.add(slot0, slot1, out=y)
         x.copy_(y)
+
     floor_s = median_call_s(floor, n)
     rounds = []
     for _ in range(reps):

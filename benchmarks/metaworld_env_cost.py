@@ -42,12 +42,18 @@ def make_s(n: int, ours: bool) -> float:
     return seconds
 
 
-def step_ms(task: str, ours: bool, steps: int) -> tuple[float, list[float]]:
-    """ms per env.step over `steps` random actions (a reset every 150), and the rewards."""
+def one_env(task: str):
+    """One sub-env of `task` as rlinf_mini's env makes it (150-step episodes)."""
     from rlinf_mini.config import EnvSplitConfig
     from rlinf_mini.envs import metaworld as mw
 
-    env = mw._make_one(EnvSplitConfig(env_type="metaworld", task_suite_name=task, seed=0, max_episode_steps=150), task, "env.train")
+    return mw._make_one(EnvSplitConfig(env_type="metaworld", task_suite_name=task, seed=0, max_episode_steps=150),
+                        task, "env.train")
+
+
+def step_ms(task: str, ours: bool, steps: int) -> tuple[float, list[float]]:
+    """ms per env.step over `steps` random actions (a reset every 150), and the rewards."""
+    env = one_env(task)
     if not ours:  # MetaWorld's own method back
         env.unwrapped.touching_object = types.MethodType(type(env.unwrapped).touching_object, env.unwrapped)
     env.unwrapped.seed(0)
@@ -70,10 +76,7 @@ def physics_ms(task: str, steps: int) -> float:
     """The floor: MuJoCo's mj_step, frame_skip times per env step, on the task's model."""
     import mujoco
 
-    from rlinf_mini.config import EnvSplitConfig
-    from rlinf_mini.envs import metaworld as mw
-
-    env = mw._make_one(EnvSplitConfig(env_type="metaworld", task_suite_name=task, seed=0, max_episode_steps=150), task, "env.train")
+    env = one_env(task)
     env.reset()
     sawyer = env.unwrapped
     start = time.perf_counter()

@@ -29,6 +29,7 @@ class CollectiveTimeout(TimeoutError):
 
 class TorchDistCollective:
     _shm = None  # the shared-memory sum (cluster.all_reduce 'shm'), where it applies
+
     def __init__(self, rank: int, world_size: int, device, timeout_s: float):
         import os
 

@@ -86,7 +86,8 @@ class LocalBackend(Backend):
 
         store = shm.SHM_DIR / f"{shm.PREFIX}{shm.run_id()}_store_{group.name}_{secrets.token_hex(4)}"
         for spec in specs:
-            spec.env |= {"RLINF_MINI_STORE_FILE": str(store), "LOCAL_RANK": "0", "RLINF_MINI_ALL_REDUCE": self.all_reduce}
+            spec.env |= {"RLINF_MINI_STORE_FILE": str(store), "LOCAL_RANK": "0",
+                         "RLINF_MINI_ALL_REDUCE": self.all_reduce}
         return LocalRanks(self, group.name, specs)
 
     def channel_transport(self, name: str, maxsize: int, default_timeout: float) -> KernelQueues:

@@ -99,8 +99,6 @@ class ShmAllReduce:
         return t
 
     def _wait_for(self, call: int, t: torch.Tensor) -> None:
-        if self.posted.min() >= call:
-            return
         start = time.perf_counter()
         while self.posted.min() < call:
             waited = time.perf_counter() - start
