@@ -6,6 +6,7 @@
     python -m benchmarks.async_ppo --efficiency 3 --knobs --runs sync,s1,s2              # ..._efficiency_knobs.json
     python -m benchmarks.async_ppo --efficiency 3 --knobs --metaworld --runs sync,s1,s2  # ..._metaworld_knobs.json
     python -m benchmarks.async_ppo --cpu-bound 20 --knobs --metaworld --runs sync,s1r  # CPU limit: ..._cpu_bound.json
+    python -m benchmarks.async_ppo --efficiency 6 --metaworld --runs sync,s1r-w2 --parallel 3  # evals only, 3 at once
 
 configs/embodied_mlp.yaml's hybrid placement (env on device 0, rollout on 1, the actor on both), 2 pipeline stages,
 with the three latency knobs, all sleeps (the core stays free, as when a simulator, a GPU policy and a GPU update do
@@ -18,12 +19,14 @@ sync, staleness 1 and staleness 2 in turn, and reads the median `time/step` of t
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import os
 import shlex
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -86,9 +89,10 @@ def measure(reps: int) -> tuple[list[Row], list[dict]]:
 
 
 METAWORLD = "configs/metaworld_reach.yaml"
-# reach's budget and eval interval when the --metaworld rows were measured (the config now runs 80 steps, evals every
-# 40); --flags after them still override (e.g. --runner.max-epochs 100)
-METAWORLD_FLAGS = ("runner.max_epochs=40", "runner.val_check_interval=10")
+# the shipped budget (80 steps), evaluated every 10 steps (the config: every 40), so the time to 0.9 is read to 10
+# steps; key=value ranks below --key value, so --cpu-bound's and --flags' settings still win (e.g. --runner.max-epochs
+# 100, as the earlier JSONs' extra_flags say)
+METAWORLD_FLAGS = ("runner.val_check_interval=10",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +114,21 @@ class Knobs:
 DEFAULT_KNOBS = {CONFIG: Knobs(0.010, 0.005, 0.600), METAWORLD: Knobs(0.002, 0.001, 0.4)}
 
 
-def logged_run(config: str, staleness: int | None, recompute: bool, flags: list[str], mark) -> tuple[list, list]:
-    """One run of `config` as shipped plus `flags` (sync where staleness is None, else async PPO at that bound, the
-    recomputed anchor if `recompute`), everything it writes in a temporary folder: its history and `mark()` taken at
-    each of the runner's logged lines, in history order."""
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One learning run's schedule: sync (staleness None) or async PPO at that bound, with the recomputed anchor
+    (rollout.recompute_logprobs) or the interpolated one, and algorithm.behave_weight_threshold (None: the key's
+    default, no cap)."""
+
+    staleness: int | None
+    recompute: bool = False
+    behave_weight_threshold: float | None = None
+
+
+def logged_run(config: str, run: Run, flags: list[str], mark) -> tuple[list, list]:
+    """One run of `config` as shipped plus `flags` (sync where run.staleness is None, else async PPO at that bound,
+    the recomputed anchor if run.recompute, the behaviour-weight cap if set), everything it writes in a temporary
+    folder: its history and `mark()` taken at each of the runner's logged lines, in history order."""
     from rlinf_mini.config import load_config
     from rlinf_mini.runners.base import Runner
     from rlinf_mini.train import RunPlan, build_and_run
@@ -128,9 +143,11 @@ def logged_run(config: str, staleness: int | None, recompute: bool, flags: list[
     with tempfile.TemporaryDirectory(prefix="bench_async_") as log_path:
         argv = ["--config", config, "--runner.logger.log-path", log_path, "--runner.logger.logger-backends",
                 "--runner.no-progress-bar", "--runner.log-interval", "1000"] + flags
-        if staleness is not None:
+        if run.staleness is not None:
             argv += ["--algorithm.loss-type", "decoupled_actor_critic", "--algorithm.staleness-threshold",
-                     str(staleness)] + (["--rollout.recompute-logprobs"] if recompute else [])
+                     str(run.staleness)] + (["--rollout.recompute-logprobs"] if run.recompute else [])
+        if run.behave_weight_threshold is not None:
+            argv += ["--algorithm.behave-weight-threshold", repr(run.behave_weight_threshold)]
         cfg = load_config(argv)
         Runner._log = marked_log  # the runner's own line-logging, marked (restored below)
         try:
@@ -140,15 +157,15 @@ def logged_run(config: str, staleness: int | None, recompute: bool, flags: list[
     return history, marks
 
 
-def learning_run(staleness: int | None, seed: int, recompute: bool = False, config: str = CONFIG,
-                 knobs: Knobs | None = None, extra: tuple[str, ...] = ()) -> dict:
+def learning_run(run: Run, seed: int, config: str = CONFIG, knobs: Knobs | None = None,
+                 extra: tuple[str, ...] = ()) -> dict:
     """`config` as shipped (plus the latency knobs, if given), seed k added to actor.seed and env.train.seed: its
     eval success_once by step, and the seconds until the first eval >= 0.9: `seconds_to_0.9` the time/step and
     time/eval timers summed; `wall_to_0.9` the driver's clock from the step-0 eval's line to that eval's line (what
     the timers leave out, e.g. a group call between steps that waits behind a batch in flight, counts here).
     `extra`: more flags for every run (e.g. a longer budget: --runner.max-epochs 100)."""
     flags = ["--actor.seed", str(1234 + seed), "--env.train.seed", str(seed)] + (knobs.argv() if knobs else [])
-    history, clock = logged_run(config, staleness, recompute, flags + list(extra), time.monotonic)
+    history, clock = logged_run(config, run, flags + list(extra), time.monotonic)
     evals, elapsed, to_09, wall_to_09 = [], 0.0, None, None
     for h, t in zip(history, clock, strict=True):
         elapsed += h.get("time/step", 0.0) + h.get("time/eval", 0.0)
@@ -167,14 +184,13 @@ def machine_busy() -> tuple[int, int]:
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
-def cpu_run(staleness: int | None, recompute: bool, config: str, knobs: Knobs | None, steps: int,
-            extra: tuple[str, ...] = ()) -> dict:
+def cpu_run(run: Run, config: str, knobs: Knobs | None, steps: int, extra: tuple[str, ...] = ()) -> dict:
     """`steps` training steps of `config` with no evaluation: the wall time from the first step's log line to the
     last and the share of the whole machine's cores busy in between (/proc/stat: so the machine must be otherwise
     quiet). cpu_s / cores is the least wall time that work can take on this machine, however well it overlaps."""
     flags = ["--runner.max-epochs", str(steps + 1), "--runner.val-check-interval", "0"] + \
         (knobs.argv() if knobs else []) + list(extra)
-    _, marks = logged_run(config, staleness, recompute, flags, lambda: (time.monotonic(), *machine_busy()))
+    _, marks = logged_run(config, run, flags, lambda: (time.monotonic(), *machine_busy()))
     (t0, b0, n0), (t1, b1, n1) = marks[0], marks[-1]  # from the end of step 1: start-up and warm-up left out
     busy = (b1 - b0) / (n1 - n0)
     return {"steps": len(marks) - 1, "wall_s": t1 - t0, "cpu_s": busy * (os.cpu_count() or 1) * (t1 - t0),
@@ -185,7 +201,7 @@ def cpu_bound(names: list[str], config: str, knobs: Knobs | None, steps: int, ex
     """Each run of `names` (as RUNS) for `steps` steps, one at a time: its wall time ÷ sync's, and the CPU limit —
     its CPU time / cores ÷ sync's wall time (its busy share x its wall ÷ sync's wall), the ratio it could reach if
     every tick of its work overlapped."""
-    runs = {name: cpu_run(*RUNS[name], config, knobs, steps, extra) for name in names}
+    runs = {name: cpu_run(RUNS[name], config, knobs, steps, extra) for name in names}
     sync_wall = runs["sync"]["wall_s"]
     for r in runs.values():
         r["wall_ratio_to_sync"] = r["wall_s"] / sync_wall
@@ -193,19 +209,42 @@ def cpu_bound(names: list[str], config: str, knobs: Knobs | None, steps: int, ex
     return runs
 
 
-RUNS = {"sync": (None, False), "s1": (1, False), "s2": (2, False), "s1r": (1, True), "s2r": (2, True)}
+RUNS = {"sync": Run(None), "s1": Run(1), "s2": Run(2), "s1r": Run(1, True), "s2r": Run(2, True),
+        "s1r-w2": Run(1, True, 2.0), "s2r-w2": Run(2, True, 2.0)}
 
 
 def efficiency(seeds: int, names: list[str], config: str = CONFIG, knobs: Knobs | None = None, first_seed: int = 0,
-               done=lambda result: None, extra: tuple[str, ...] = ()) -> dict:
-    """The runs `names` (sync, s1, s2: interpolated anchor; s1r, s2r: recomputed) over `seeds` seeds from
-    `first_seed`, one at a time, the runs in turn per seed; `done(result so far)` after each run."""
-    result: dict = {}
-    for k in range(first_seed, first_seed + seeds):
-        for name in names:
-            staleness, recompute = RUNS[name]
-            result.setdefault(f"seed {k}", {})[name] = learning_run(staleness, k, recompute, config, knobs, extra)
+               done=lambda result: None, extra: tuple[str, ...] = (), parallel: int = 1) -> dict:
+    """The runs `names` (RUNS: sync; s1, s2 the interpolated anchor; s1r, s2r recomputed; -w2 with RLinf's
+    recommended behave_weight_threshold 2.0) over `seeds` seeds from `first_seed`, one at a time, the runs in turn per
+    seed; `done(result so far)` after each run. parallel > 1: that many runs at once, each in a child process
+    (`--learning-run`); the evals are the same (a run's schedule of versions does not depend on the load), the
+    seconds are not worth reading."""
+    jobs = [(k, name) for k in range(first_seed, first_seed + seeds) for name in names]
+    result: dict = {f"seed {k}": {} for k in range(first_seed, first_seed + seeds)}
+
+    def one(job: tuple[int, str]) -> tuple[int, str, dict]:
+        k, name = job
+        if parallel == 1:  # in the main thread: the runner's Ctrl-C handling needs it
+            return k, name, learning_run(RUNS[name], k, config, knobs, extra)
+        with tempfile.TemporaryDirectory(prefix="bench_async_run_") as tmp:
+            out = Path(tmp) / "run.json"
+            argv = [sys.executable, "-m", "benchmarks.async_ppo", "--learning-run", name, str(k), "--config", config,
+                    "--out", str(out), f"--flags={shlex.join(extra)}"] + \
+                ([f"--knobs={','.join(map(repr, dataclasses.astuple(knobs)))}"] if knobs else [])
+            subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+            return k, name, json.loads(out.read_text())
+
+    def record(runs) -> None:  # in job order: the JSON's order does not depend on timing
+        for k, name, run in runs:
+            result[f"seed {k}"][name] = run
             done(result)
+
+    if parallel == 1:
+        record(map(one, jobs))
+    else:
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:  # threads that wait on child processes
+            record(pool.map(one, jobs))
     return result
 
 
@@ -250,10 +289,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="--efficiency with the latency knobs (seconds, as the keys take them; no value: the "
                              "config's balanced default, DEFAULT_KNOBS)")
     parser.add_argument("--runs", default="sync,s1,s2,s1r,s2r",
-                        help="--efficiency: which runs (sync, s1, s2; s1r, s2r: the recomputed anchor)")
+                        help="--efficiency: which runs (sync, s1, s2; s1r, s2r: the recomputed anchor; s1r-w2, "
+                             "s2r-w2: and behave_weight_threshold 2.0)")
     parser.add_argument("--first-seed", type=int, default=0, help="--efficiency: seeds from this one")
     parser.add_argument("--flags", default="", metavar="'FLAG VALUE ...'",
                         help="--efficiency: more flags for every run, e.g. '--runner.max-epochs 100'")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+                        help="--efficiency: N runs at once, in child processes (same evals; the seconds mean nothing)")
+    parser.add_argument("--learning-run", nargs=2, metavar=("RUN", "SEED"),
+                        help="instead: one learning run (as --efficiency's), its result as JSON in --out")
+    parser.add_argument("--config", default=None, help="--learning-run: the config (default: --metaworld's choice)")
     parser.add_argument("--cpu-bound", type=int, metavar="STEPS", default=0,
                         help="instead: STEPS steps of each of --runs with no evals, wall and CPU time (quiet machine)")
     args = parser.parse_args(argv)
@@ -262,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.knobs:
         knobs = DEFAULT_KNOBS[config] if args.knobs == "default" else Knobs(*map(float, args.knobs.split(",")))
     extra = (METAWORLD_FLAGS if args.metaworld else ()) + tuple(shlex.split(args.flags))
+    if args.learning_run:  # a child of --parallel: its flags are the parent's, already with METAWORLD_FLAGS
+        name, seed = args.learning_run
+        run = learning_run(RUNS[name], int(seed), args.config or config, knobs, tuple(shlex.split(args.flags)))
+        args.out.write_text(json.dumps(run) + "\n")
+        return 0
     load_before = os.getloadavg()
     if args.cpu_bound:
         out = ROOT / "benchmarks/async_ppo_cpu_bound.json" if args.out == parser.get_default("out") else args.out
@@ -285,18 +335,19 @@ def main(argv: list[str] | None = None) -> int:
         out = ROOT / default if args.out == parser.get_default("out") else args.out
 
         def write(result: dict, final: bool = False) -> None:  # after every run: a long run's figures are kept
-            table = summary(result) if final else None
+            table = summary(result) if final and "sync" in names else None  # summary compares with sync
             out.write_text(json.dumps({"load_avg_before": load_before, "load_avg": os.getloadavg(), "config": config,
-                                       "extra_flags": list(extra),
+                                       "extra_flags": list(extra), "parallel": args.parallel,
                                        "knobs": dataclasses.asdict(knobs) if knobs else None, "complete": final,
                                        "summary": table, "runs": result}, indent=1) + "\n")
 
-        result = efficiency(args.efficiency, args.runs.split(","), config, knobs, args.first_seed, write, extra)
+        names = args.runs.split(",")
+        result = efficiency(args.efficiency, names, config, knobs, args.first_seed, write, extra, args.parallel)
         for seed, runs in result.items():
             for name, r in runs.items():
                 print(f"{seed} {name:4s} to 0.9: {r['seconds_to_0.9']} s, final {r['final']:.2f}, evals {r['evals']}")
         write(result, final=True)
-        table = summary(result)
+        table = summary(result) if "sync" in names else {}
         for name, row in table.items():
             print(f"{name:4s} ratio to sync {row['ratio_to_sync']} (of the sums {row['ratio_of_sums']}), finals "
                   f"{row['finals']} (mean {row['finals_mean']:.3f} sd {row['finals_sd']:.3f}; last 3 evals' mean "
