@@ -67,16 +67,17 @@ PASS_AT_4 = "runner.val_pass_k=4"  # eval/pass@4 beside greedy eval/accuracy (4 
 RETURN_ONLY = ("near its step-0 value late in training: nothing is learned (look at `train/actor/approx_kl` and "
                "`rollout/staleness` next); rising, then falling for good: updates too large (`actor.optim.lr`, "
                "`algorithm.update_epoch`)")
+# what an async row (staleness_threshold 1) leaves out, and what its staleness means
+ASYNC_OMIT = ("time/trace/bubble/env_waits", "time/trace/bubble/rollout_waits")
+ASYNC_OMIT_WHY = ("the async runner's trace window is the actor's wait for its batch, not a rollout phase: the bubble "
+                  "shares describe the synchronous schedule")
+ASYNC_REMARKS = (("rollout/staleness", "0 or 1 at every step, as the bound allows (staleness_threshold 1: a batch may "
+                                       "be made by the weights one update older); above 1: the bound is broken"),)
 RECIPES = [
     Recipe("embodied_mlp"),
     Recipe("embodied_mlp", variant="async", overrides=("algorithm.loss_type=decoupled_actor_critic",
                                                        "algorithm.staleness_threshold=1"),
-           omit=("time/trace/bubble/env_waits", "time/trace/bubble/rollout_waits"),
-           omit_why="the async runner's trace window is the actor's wait for its batch, not a rollout phase: the "
-                    "bubble shares describe the synchronous schedule",
-           remarks=(("rollout/staleness", "0 or 1 at every step, as the bound allows (staleness_threshold 1: a batch "
-                                          "may be made by the weights one update older); above 1: the bound is "
-                                          "broken"),)),
+           omit=ASYNC_OMIT, omit_why=ASYNC_OMIT_WHY, remarks=ASYNC_REMARKS),
     Recipe("embodied_grpo"),
     Recipe("embodied_collocated"),
     Recipe("embodied_disaggregated"),
@@ -96,6 +97,10 @@ RECIPES = [
            why_not="ManiSkill3 needs mani_skill and a render device (Vulkan, or EGL on a GPU); this machine has "
                    "neither a GPU nor the package"),
     Recipe("metaworld_reach", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
+    Recipe("metaworld_reach", variant="async", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),),
+           overrides=("algorithm.loss_type=decoupled_actor_critic", "algorithm.staleness_threshold=1",
+                      "rollout.recompute_logprobs=true", "algorithm.behave_weight_threshold=2.0"),
+           omit=ASYNC_OMIT, omit_why=ASYNC_OMIT_WHY, remarks=ASYNC_REMARKS),
     Recipe("metaworld_push", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),)),
     Recipe("metaworld_mt10", needs=("metaworld",), env=(("MUJOCO_GL", "egl"),), seeds=1,
            note="one seed: a run is ~15 minutes on 2 cores; per-task success in docs/metaworld.md"),
