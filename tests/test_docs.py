@@ -97,6 +97,11 @@ RUNS = {  # name -> (RLINF_MINI_FAULT, config sections merged into test_faults.B
                      {"cluster": {**DATA_PARALLEL["cluster"], "backend": "inline"}}),
     "nan_inline": ("group=ActorGroup,rank=1,method=run_training,call=1,kind=nan",
                    {"cluster": {**DATA_PARALLEL["cluster"], "backend": "inline"}}),
+    # async PPO as the page's +async rows run it (staleness 1, the recomputed anchor, the weight cap), eval every step
+    "async_inline": (None, {"cluster": {"backend": "inline"}, "runner": {"val_check_interval": 1, "trace": True},
+                            "algorithm": {"loss_type": "decoupled_actor_critic", "staleness_threshold": 1,
+                                          "behave_weight_threshold": 2.0},
+                            "rollout": {"recompute_logprobs": True}}),
     "broken_env_inline": (None, {"cluster": {"backend": "inline"}, "env": {
         "train": {**BROKEN_ENV, "init_params": {"id": "toy_envs:BrokenStep-v0"}},
         "eval": {**BROKEN_ENV, "init_params": {"id": "toy_envs:BrokenStep-v0"}}}}),
@@ -177,12 +182,16 @@ def test_every_metric_on_the_page_is_logged_by_a_real_short_run(task, request):
             listed[name] = metrics
     assert listed, f"no {task} config on the page"
     if task == "reasoning":
-        keys = request.getfixturevalue("reasoning_keys")
-    else:
+        keys = async_keys = request.getfixturevalue("reasoning_keys")  # (no reasoning row is async)
+    else:  # a synchronous run for the plain rows, an async one for the +async rows
         runs = request.getfixturevalue("runs")
+        code, text, folder = runs("async_inline")
+        assert code == 0, text
         keys = logged_keys(runs("kill9")[2] / "metrics.jsonl")
+        async_keys = logged_keys(folder / "metrics.jsonl")
     for name, metrics in listed.items():
-        assert set(metrics) <= keys, f"{name}: {sorted(set(metrics) - keys)} are not in a real run's metrics.jsonl"
+        have = async_keys if name.endswith("+async") else keys
+        assert set(metrics) <= have, f"{name}: {sorted(set(metrics) - have)} are not in a real run's metrics.jsonl"
 
 
 # --------------------------------------------------------------------------------------------------------------------
