@@ -307,9 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.knobs:
         knobs = DEFAULT_KNOBS[config] if args.knobs == "default" else Knobs(*map(float, args.knobs.split(",")))
     extra = (METAWORLD_FLAGS if args.metaworld else ()) + tuple(shlex.split(args.flags))
-    if args.learning_run:  # a child of --parallel: its flags are the parent's, already with METAWORLD_FLAGS
+    if args.learning_run:  # a child of --parallel: no --metaworld, its --flags are the parent's whole `extra`
         name, seed = args.learning_run
-        run = learning_run(RUNS[name], int(seed), args.config or config, knobs, tuple(shlex.split(args.flags)))
+        run = learning_run(RUNS[name], int(seed), args.config or config, knobs, extra)
         args.out.write_text(json.dumps(run) + "\n")
         return 0
     load_before = os.getloadavg()
