@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from toy_workers import DebugWorker
 from rlinf_mini.config import ClusterConfig, load_config
 from rlinf_mini.scheduler.channel import Channel, ChannelTimeout
 from rlinf_mini.scheduler.cluster import Cluster
+from rlinf_mini.scheduler.local import KILL_WAIT_S, LocalRanks
 from rlinf_mini.scheduler.shm import PREFIX, SHM_DIR
 from rlinf_mini.scheduler.worker import WorkerDiedError, WorkerError
 from rlinf_mini.train import RunPlan, launch
@@ -208,3 +210,36 @@ def test_a_worker_killed_while_writing_its_result_is_reported_as_its_death():
             group.die_while_returning().wait()
     finally:
         c.shutdown()
+
+
+class _SlowToDie:
+    """A rank's Process as seen by the driver on a loaded machine: it ignores SIGTERM and ends `dies_after_s` of join
+    time after SIGKILL (never, if None), on a counted clock instead of a real one."""
+
+    def __init__(self, pid: int, dies_after_s: float | None):
+        self.pid, self.dies_after_s, self.killed, self.waited = pid, dies_after_s, False, 0.0
+
+    def is_alive(self) -> bool:
+        return not (self.killed and self.dies_after_s is not None and self.waited >= self.dies_after_s)
+
+    def join(self, timeout: float) -> None:
+        if self.killed:
+            self.waited += timeout
+
+    def terminate(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_a_rank_slow_to_die_after_sigkill_is_waited_for_and_one_that_never_dies_is_named(capsys):
+    ranks = LocalRanks.__new__(LocalRanks)  # no processes: only finish_stop's escalation is under test
+    ranks.name, ranks._lock, ranks._cmd, ranks._res = "EnvGroup", threading.Lock(), [], []
+    ranks.procs = [_SlowToDie(101, 5.0), _SlowToDie(102, None)]
+    ranks.finish_stop(time.monotonic())
+    assert all(p.killed for p in ranks.procs)
+    assert not ranks.procs[0].is_alive()  # 5 s to die after SIGKILL: waited for, not left for the caller to find
+    err = capsys.readouterr().err
+    assert f"EnvGroup rank 1 (pid 102) was still alive {KILL_WAIT_S:g} s after SIGKILL" in err
+    assert "rank 0" not in err

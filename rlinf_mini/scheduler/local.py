@@ -43,6 +43,10 @@ __all__ = ["INLINE_MAX", "FORKSERVER_PRELOAD", "SERVER_NAME", "ChannelServer", "
 INLINE_MAX = 4000  # a larger command or result travels as a shared blob (a pipe write <= PIPE_BUF is atomic)
 _PIPE_BYTES = 1 << 20  # pipe buffers are raised to this (Linux's default pipe-max-size) where allowed
 POLL_S = 0.1
+# A rank that outlived the stop's grace gets SIGTERM, then SIGKILL. A killed process always ends, but its end can take
+# seconds on a loaded machine: the kernel unmaps a simulator's memory (MuJoCo with EGL), and the fork server, which
+# reaps it, has to be scheduled to report its exit. A shorter wait left such a rank alive to the caller's eyes.
+TERM_WAIT_S, KILL_WAIT_S = 2.0, 30.0
 
 
 def _pipe(ctx) -> tuple[Connection, Connection]:
@@ -194,13 +198,16 @@ class LocalRanks(GroupRanks):
     def finish_stop(self, deadline: float) -> None:
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
+        for rank, proc in enumerate(self.procs):
             if proc.is_alive():
                 proc.terminate()
-                proc.join(2.0)
+                proc.join(TERM_WAIT_S)
             if proc.is_alive():
                 proc.kill()
-                proc.join(2.0)
+                proc.join(KILL_WAIT_S)
+            if proc.is_alive():  # in uninterruptible sleep (a hung driver, NFS): nothing more a process can do
+                print(f"rlinf_mini: {self.name} rank {rank} (pid {proc.pid}) was still alive {KILL_WAIT_S:g} s after "
+                      f"SIGKILL", file=sys.stderr, flush=True)
         with self._lock:
             self._open = []
             for conn in [*self._cmd, *self._res]:
