@@ -7,6 +7,8 @@
     python -m benchmarks.async_ppo --efficiency 3 --knobs --metaworld --runs sync,s1,s2  # ..._metaworld_knobs.json
     python -m benchmarks.async_ppo --cpu-bound 20 --knobs --metaworld --runs sync,s1r  # CPU limit: ..._cpu_bound.json
     python -m benchmarks.async_ppo --efficiency 6 --metaworld --runs sync,s1r-w2 --parallel 3  # evals only, 3 at once
+    CUDA_VISIBLE_DEVICES= python -m benchmarks.async_ppo --efficiency 3 --knobs --metaworld --runs sync,s1r-w2 \
+        --parallel 3 --cores-per-run 4   # a 16-core machine: 3 runs at once, each on 4 cores of its own
 
 configs/embodied_mlp.yaml's hybrid placement (env on device 0, rollout on 1, the actor on both), 2 pipeline stages,
 with the three latency knobs, all sleeps (the core stays free, as when a simulator, a GPU policy and a GPU update do
@@ -23,6 +25,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import queue
 import shlex
 import statistics
 import subprocess
@@ -174,7 +177,7 @@ def learning_run(run: Run, seed: int, config: str = CONFIG, knobs: Knobs | None 
             if to_09 is None and h["eval/success_once"] >= 0.9:
                 to_09, wall_to_09 = elapsed, t - clock[0]
     return {"evals": evals, "seconds_to_0.9": to_09, "wall_to_0.9": wall_to_09, "final": evals[-1][1],
-            "seconds_total": elapsed, "wall_total": clock[-1] - clock[0]}
+            "seconds_total": elapsed, "wall_total": clock[-1] - clock[0], "cores": sorted(os.sched_getaffinity(0))}
 
 
 def machine_busy() -> tuple[int, int]:
@@ -213,34 +216,56 @@ RUNS = {"sync": Run(None), "s1": Run(1), "s2": Run(2), "s1r": Run(1, True), "s2r
         "s1r-w2": Run(1, True, 2.0), "s2r-w2": Run(2, True, 2.0)}
 
 
+def core_sets(available: list[int], parallel: int, cores_per_run: int) -> list[list[int]]:
+    """`parallel` disjoint sets of `cores_per_run` of the `available` cores (this process's affinity), one per run
+    going on at once, so that each run has its cores to itself and its seconds mean what a lone run's would on a
+    machine of that size; cores_per_run 0: every run gets them all (they share)."""
+    if cores_per_run == 0:
+        return [list(available)] * parallel
+    if parallel * cores_per_run > len(available):
+        raise SystemExit(f"--parallel {parallel} x --cores-per-run {cores_per_run} needs "
+                         f"{parallel * cores_per_run} cores; this process may use {len(available)}")
+    return [available[i * cores_per_run:(i + 1) * cores_per_run] for i in range(parallel)]
+
+
 def efficiency(seeds: int, names: list[str], config: str = CONFIG, knobs: Knobs | None = None, first_seed: int = 0,
-               done=lambda result: None, extra: tuple[str, ...] = (), parallel: int = 1) -> dict:
+               done=lambda result: None, extra: tuple[str, ...] = (), parallel: int = 1,
+               cores_per_run: int = 0) -> dict:
     """The runs `names` (RUNS: sync; s1, s2 the interpolated anchor; s1r, s2r recomputed; -w2 with RLinf's
     recommended behave_weight_threshold 2.0) over `seeds` seeds from `first_seed`, one at a time, the runs in turn per
     seed; `done(result so far)` after each run. parallel > 1: that many runs at once, each in a child process
-    (`--learning-run`); the evals are the same (a run's schedule of versions does not depend on the load), the
-    seconds are not worth reading."""
+    (`--learning-run`); the evals are the same (a run's schedule of versions does not depend on the load). Their
+    seconds are worth reading only with cores_per_run > 0: each child then runs pinned to its own cores (core_sets),
+    and its ranks within them (the Cluster places ranks on the cores it was given)."""
     jobs = [(k, name) for k in range(first_seed, first_seed + seeds) for name in names]
     result: dict = {f"seed {k}": {} for k in range(first_seed, first_seed + seeds)}
+    free: queue.Queue = queue.Queue()
+    for cores in core_sets(sorted(os.sched_getaffinity(0)), parallel, cores_per_run):
+        free.put(cores)
 
     def one(job: tuple[int, str]) -> tuple[int, str, dict]:
         k, name = job
-        if parallel == 1:  # in the main thread: the runner's Ctrl-C handling needs it
+        if parallel == 1 and cores_per_run == 0:  # in the main thread: the runner's Ctrl-C handling needs it
             return k, name, learning_run(RUNS[name], k, config, knobs, extra)
-        with tempfile.TemporaryDirectory(prefix="bench_async_run_") as tmp:
-            out = Path(tmp) / "run.json"
-            argv = [sys.executable, "-m", "benchmarks.async_ppo", "--learning-run", name, str(k), "--config", config,
-                    "--out", str(out), f"--flags={shlex.join(extra)}"] + \
-                ([f"--knobs={','.join(map(repr, dataclasses.astuple(knobs)))}"] if knobs else [])
-            subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-            return k, name, json.loads(out.read_text())
+        cores = free.get_nowait()  # one per pool thread: never empty
+        try:
+            with tempfile.TemporaryDirectory(prefix="bench_async_run_") as tmp:
+                out = Path(tmp) / "run.json"
+                argv = [sys.executable, "-m", "benchmarks.async_ppo", "--learning-run", name, str(k), "--config",
+                        config, "--out", str(out), f"--flags={shlex.join(extra)}"] + \
+                    ([f"--knobs={','.join(map(repr, dataclasses.astuple(knobs)))}"] if knobs else []) + \
+                    (["--pin", ",".join(map(str, cores))] if cores_per_run else [])
+                subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+                return k, name, json.loads(out.read_text())
+        finally:
+            free.put(cores)
 
     def record(runs) -> None:  # in job order: the JSON's order does not depend on timing
         for k, name, run in runs:
             result[f"seed {k}"][name] = run
             done(result)
 
-    if parallel == 1:
+    if parallel == 1 and cores_per_run == 0:
         record(map(one, jobs))
     else:
         with concurrent.futures.ThreadPoolExecutor(parallel) as pool:  # threads that wait on child processes
@@ -296,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="--efficiency: more flags for every run, e.g. '--runner.max-epochs 100'")
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
                         help="--efficiency: N runs at once, in child processes (same evals; the seconds mean nothing)")
+    parser.add_argument("--cores-per-run", type=int, default=0, metavar="K",
+                        help="--efficiency: each run (--parallel N of them at once) pinned to K cores of its own, "
+                             "so that the seconds mean what they would on a K-core machine (N x K cores needed)")
+    parser.add_argument("--pin", default="", metavar="CORES", help="--learning-run: run on these cores only")
     parser.add_argument("--learning-run", nargs=2, metavar=("RUN", "SEED"),
                         help="instead: one learning run (as --efficiency's), its result as JSON in --out")
     parser.add_argument("--config", default=None, help="--learning-run: the config (default: --metaworld's choice)")
@@ -309,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = (METAWORLD_FLAGS if args.metaworld else ()) + tuple(shlex.split(args.flags))
     if args.learning_run:  # a child of --parallel: no --metaworld, its --flags are the parent's whole `extra`
         name, seed = args.learning_run
+        if args.pin:  # before the run starts anything: its fork server and ranks inherit it
+            os.sched_setaffinity(0, [int(c) for c in args.pin.split(",")])
         run = learning_run(RUNS[name], int(seed), args.config or config, knobs, extra)
         args.out.write_text(json.dumps(run) + "\n")
         return 0
@@ -338,11 +369,13 @@ def main(argv: list[str] | None = None) -> int:
             table = summary(result) if final and "sync" in names else None  # summary compares with sync
             out.write_text(json.dumps({"load_avg_before": load_before, "load_avg": os.getloadavg(), "config": config,
                                        "extra_flags": list(extra), "parallel": args.parallel,
+                                       "cores_per_run": args.cores_per_run, "machine_cores": os.cpu_count(),
                                        "knobs": dataclasses.asdict(knobs) if knobs else None, "complete": final,
                                        "summary": table, "runs": result}, indent=1) + "\n")
 
         names = args.runs.split(",")
-        result = efficiency(args.efficiency, names, config, knobs, args.first_seed, write, extra, args.parallel)
+        result = efficiency(args.efficiency, names, config, knobs, args.first_seed, write, extra, args.parallel,
+                            args.cores_per_run)
         for seed, runs in result.items():
             for name, r in runs.items():
                 print(f"{seed} {name:4s} to 0.9: {r['seconds_to_0.9']} s, final {r['final']:.2f}, evals {r['evals']}")
