@@ -8,8 +8,10 @@ shared memory trains bitwise the same on local and inline."""
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -216,6 +218,10 @@ def test_a_wait_spins_only_while_spinning_catches_the_message(monkeypatch):
     """spin_wait.py polls a would-block socket for up to SPIN_S before sleeping in poll(); after SPIN_MISSES spins
     in a row that caught nothing it stops spinning, tries once every SPIN_RETRY waits; a try that catches resumes it."""
     monkeypatch.setattr(spin_wait, "_state", {"misses": 0, "skipped": 0})
+    # a clock that moves one tick at each reading, and a spin of 8 ticks: a spin is 7 tries, however loaded the machine
+    ticks = itertools.count()
+    monkeypatch.setattr(spin_wait, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    monkeypatch.setattr(spin_wait, "SPIN_S", 8.0)
     calls = []
 
     def after(n: int):
@@ -230,10 +236,9 @@ def test_a_wait_spins_only_while_spinning_catches_the_message(monkeypatch):
     assert calls[0] & spin_wait.socket.MSG_DONTWAIT  # never a blocking call
     for _ in range(spin_wait.SPIN_MISSES):  # the other side is slow: spins that catch nothing
         calls.clear()
-        start = time.perf_counter()
         with pytest.raises(BlockingIOError):
             spin_wait.spin_for(after(10**9), b"msg")
-        assert calls and time.perf_counter() - start >= spin_wait.SPIN_S  # it polled for the whole spin
+        assert len(calls) == 7  # it polled until the spin's end, and no longer
     calls.clear()
     for _ in range(spin_wait.SPIN_RETRY - 1):  # no more spinning: straight to poll()
         with pytest.raises(BlockingIOError):
