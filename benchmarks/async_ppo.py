@@ -6,6 +6,7 @@
     python -m benchmarks.async_ppo --efficiency 3 --knobs --runs sync,s1,s2              # ..._efficiency_knobs.json
     python -m benchmarks.async_ppo --efficiency 3 --knobs --metaworld --runs sync,s1,s2  # ..._metaworld_knobs.json
     python -m benchmarks.async_ppo --cpu-bound 20 --knobs --metaworld --runs sync,s1r  # CPU limit: ..._cpu_bound.json
+    taskset -c 0 python -m benchmarks.async_ppo --cpu-bound 20 ...                     # the same on one core
     python -m benchmarks.async_ppo --efficiency 6 --metaworld --runs sync,s1r-w2 --parallel 3  # evals only, 3 at once
     CUDA_VISIBLE_DEVICES= python -m benchmarks.async_ppo --efficiency 3 --knobs --metaworld --runs sync,s1r-w2 \
         --parallel 3 --cores-per-run 4   # a 16-core machine: 3 runs at once, each on 4 cores of its own
@@ -189,15 +190,16 @@ def machine_busy() -> tuple[int, int]:
 
 def cpu_run(run: Run, config: str, knobs: Knobs | None, steps: int, extra: tuple[str, ...] = ()) -> dict:
     """`steps` training steps of `config` with no evaluation: the wall time from the first step's log line to the
-    last and the share of the whole machine's cores busy in between (/proc/stat: so the machine must be otherwise
-    quiet). cpu_s / cores is the least wall time that work can take on this machine, however well it overlaps."""
+    last, the CPU time the whole machine spent in between (/proc/stat: so the machine must be otherwise quiet) and
+    the share of this process's cores (its affinity: `taskset -c 0` runs it on one) that time fills. cpu_s / those
+    cores is the least wall time that work can take on them, however well it overlaps."""
     flags = ["--runner.max-epochs", str(steps + 1), "--runner.val-check-interval", "0"] + \
         (knobs.argv() if knobs else []) + list(extra)
     _, marks = logged_run(config, run, flags, lambda: (time.monotonic(), *machine_busy()))
     (t0, b0, n0), (t1, b1, n1) = marks[0], marks[-1]  # from the end of step 1: start-up and warm-up left out
-    busy = (b1 - b0) / (n1 - n0)
-    return {"steps": len(marks) - 1, "wall_s": t1 - t0, "cpu_s": busy * (os.cpu_count() or 1) * (t1 - t0),
-            "busy_share": busy}
+    cpu_s = (b1 - b0) / (n1 - n0) * (os.cpu_count() or 1) * (t1 - t0)
+    return {"steps": len(marks) - 1, "wall_s": t1 - t0, "cpu_s": cpu_s,
+            "busy_share": cpu_s / len(os.sched_getaffinity(0)) / (t1 - t0)}
 
 
 def cpu_bound(names: list[str], config: str, knobs: Knobs | None, steps: int, extra: tuple[str, ...] = ()) -> dict:
@@ -347,14 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_bound:
         out = ROOT / "benchmarks/async_ppo_cpu_bound.json" if args.out == parser.get_default("out") else args.out
         runs = cpu_bound(args.runs.split(","), config, knobs, args.cpu_bound, extra)
-        print(f"{config}, {args.cpu_bound} steps, knobs {knobs}, {os.cpu_count()} cores")
+        cores = len(os.sched_getaffinity(0))
+        print(f"{config}, {args.cpu_bound} steps, knobs {knobs}, {cores} of the machine's {os.cpu_count()} cores")
         print(f"{'run':5} {'wall s':>7} {'CPU s':>7} {'busy':>5} {'wall/sync':>9} {'CPU limit/sync':>14}")
         for name, r in runs.items():
             print(f"{name:5} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} {r['busy_share']:5.2f} "
                   f"{r['wall_ratio_to_sync']:9.2f} {r['cpu_limit_ratio']:14.2f}")
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
-                                   "cores": os.cpu_count(), "load_avg_before": load_before,
+                                   "cores": cores, "machine_cores": os.cpu_count(), "load_avg_before": load_before,
                                    "load_avg": os.getloadavg(), "config": config, "steps": args.cpu_bound,
                                    "extra_flags": list(extra), "knobs": dataclasses.asdict(knobs) if knobs else None,
                                    "runs": runs}, indent=1) + "\n")
