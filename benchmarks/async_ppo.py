@@ -195,11 +195,13 @@ def cpu_run(run: Run, config: str, knobs: Knobs | None, steps: int, extra: tuple
     cores is the least wall time that work can take on them, however well it overlaps."""
     flags = ["--runner.max-epochs", str(steps + 1), "--runner.val-check-interval", "0"] + \
         (knobs.argv() if knobs else []) + list(extra)
-    _, marks = logged_run(config, run, flags, lambda: (time.monotonic(), *machine_busy()))
+    history, marks = logged_run(config, run, flags, lambda: (time.monotonic(), *machine_busy()))
     (t0, b0, n0), (t1, b1, n1) = marks[0], marks[-1]  # from the end of step 1: start-up and warm-up left out
     cpu_s = (b1 - b0) / (n1 - n0) * (os.cpu_count() or 1) * (t1 - t0)
+    timers = ("time/step", "time/rollout/generate", "time/actor_training")  # a stage's time, alone or beside others
     return {"steps": len(marks) - 1, "wall_s": t1 - t0, "cpu_s": cpu_s,
-            "busy_share": cpu_s / len(os.sched_getaffinity(0)) / (t1 - t0)}
+            "busy_share": cpu_s / len(os.sched_getaffinity(0)) / (t1 - t0),
+            "median_s": {k: statistics.median(h[k] for h in history[1:]) for k in timers}}
 
 
 def cpu_bound(names: list[str], config: str, knobs: Knobs | None, steps: int, extra: tuple[str, ...] = ()) -> dict:
@@ -211,6 +213,9 @@ def cpu_bound(names: list[str], config: str, knobs: Knobs | None, steps: int, ex
     for r in runs.values():
         r["wall_ratio_to_sync"] = r["wall_s"] / sync_wall
         r["cpu_limit_ratio"] = r["busy_share"] * r["wall_s"] / sync_wall
+    # each stage on cores of its own: a step takes the slower stage's time, the synchronous one the sum of both
+    rollout, update = (runs["sync"]["median_s"][k] for k in ("time/rollout/generate", "time/actor_training"))
+    runs["sync"]["overlap_limit_ratio"] = max(rollout, update) / (rollout + update)
     return runs
 
 
@@ -355,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in runs.items():
             print(f"{name:5} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} {r['busy_share']:5.2f} "
                   f"{r['wall_ratio_to_sync']:9.2f} {r['cpu_limit_ratio']:14.2f}")
+        sync = runs["sync"]
+        print(f"each stage on cores of its own (sync's medians: rollout {sync['median_s']['time/rollout/generate']:.2f}"
+              f" s, update {sync['median_s']['time/actor_training']:.2f} s): {sync['overlap_limit_ratio']:.2f}")
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
                                    "cores": cores, "machine_cores": os.cpu_count(), "load_avg_before": load_before,
