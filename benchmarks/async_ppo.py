@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flags", default="", metavar="'FLAG VALUE ...'",
                         help="--efficiency: more flags for every run, e.g. '--runner.max-epochs 100'")
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
-                        help="--efficiency: N runs at once, in child processes (same evals; the seconds mean nothing)")
+                        help="--efficiency: N runs at once, in child processes (same evals; the seconds mean nothing "
+                             "unless --cores-per-run gives each its own cores)")
     parser.add_argument("--cores-per-run", type=int, default=0, metavar="K",
                         help="--efficiency: each run (--parallel N of them at once) pinned to K cores of its own, "
                              "so that the seconds mean what they would on a K-core machine (N x K cores needed)")

@@ -198,14 +198,15 @@ class LocalRanks(GroupRanks):
     def finish_stop(self, deadline: float) -> None:
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
+        for signal_them, wait_s in (("terminate", TERM_WAIT_S), ("kill", KILL_WAIT_S)):  # all at once, one wait
+            alive = [proc for proc in self.procs if proc.is_alive()]
+            for proc in alive:
+                getattr(proc, signal_them)()
+            until = time.monotonic() + wait_s
+            for proc in alive:
+                proc.join(max(0.0, until - time.monotonic()))
         for rank, proc in enumerate(self.procs):
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(TERM_WAIT_S)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(KILL_WAIT_S)
-            if proc.is_alive():  # in uninterruptible sleep (a hung driver, NFS): nothing more a process can do
+            if proc.is_alive():  # in uninterruptible sleep (D state: a stuck device or NFS); nothing more to do
                 print(f"rlinf_mini: {self.name} rank {rank} (pid {proc.pid}) was still alive {KILL_WAIT_S:g} s after "
                       f"SIGKILL", file=sys.stderr, flush=True)
         with self._lock:
