@@ -298,7 +298,8 @@ def summary(result: dict) -> dict:
         of_sums = sum(seconds) / sum(sync_seconds) if None not in seconds + sync_seconds else None
         walls = [runs[name].get("wall_to_0.9") for runs in result.values()]
         sync_walls = [runs["sync"].get("wall_to_0.9") for runs in result.values()]
-        wall_ratios = [a / b if a is not None and b is not None else None for a, b in zip(walls, sync_walls)]
+        wall_ratios = [a / b if a is not None and b is not None else None
+                       for a, b in zip(walls, sync_walls, strict=True)]
         last3 = [statistics.fmean(e for _, e in runs[name]["evals"][-3:]) for runs in result.values()]
         out[name] = {"seconds_to_0.9": seconds, "ratio_to_sync": ratios, "ratio_of_sums": of_sums, "finals": finals,
                      "finals_mean": statistics.fmean(finals),

@@ -341,8 +341,8 @@ def test_recomputing_gives_the_proximal_log_probs_and_values_of_a_plain_forward_
     worker.policy = MLPPolicy(obs_dim, A, discrete=False, num_action_chunks=C, hidden_dim=16)
     behaviour_values = torch.randn(T + 1, B)
     stored = {"obs": torch.randn(T, B, obs_dim), "actions": torch.randn(T, B, C, A), "logprobs": torch.randn(T, B),
-              "values": behaviour_values, "rewards": torch.randn(T, B), "dones": torch.zeros(T + 1, B, dtype=torch.bool),
-              "versions": torch.zeros(T, B)}
+              "values": behaviour_values, "rewards": torch.randn(T, B),
+              "dones": torch.zeros(T + 1, B, dtype=torch.bool), "versions": torch.zeros(T, B)}
     worker.batch = dict(stored)
     worker.compute_proximal_logprobs()
     with torch.no_grad():

@@ -273,5 +273,6 @@ def test_a_wait_that_spins_or_blocks_gets_the_same_messages(monkeypatch, spin):
         producer.join(20)
     finally:
         server.close()
-    assert [g["i"] for g in got] == list(range(40)) and all(torch.equal(g["t"], w["t"]) for g, w in zip(got, items))
+    assert [g["i"] for g in got] == list(range(40))
+    assert all(torch.equal(g["t"], w["t"]) for g, w in zip(got, items, strict=True))
     assert bool(spins) == spin  # the key decides whether a wait ever spins
